@@ -1,0 +1,1 @@
+"""shardline: tensor- and pipeline-parallel LLM serving."""
