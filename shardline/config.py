@@ -232,3 +232,33 @@ def split_layers(num_layers: int, pp: int, stage_layers: list[int] | None = None
         ranges.append((start, start + n))
         start += n
     return ranges
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How a stage runs: cache geometry, batch limits, device. Validated on construction."""
+
+    block_size: int = 16  # tokens per KV-cache block
+    # KV-cache size: an explicit block count wins; else `kv_cache_bytes`; else a fraction of free
+    # GPU memory after the weights (GPU) or 256 MiB (CPU).
+    num_blocks: int | None = None
+    kv_cache_bytes: int | None = None
+    gpu_memory_fraction: float = 0.9
+    max_num_seqs: int = 256  # sequences in one step
+    max_num_batched_tokens: int = 2048  # tokens in one step (prefill chunks + decodes)
+    max_model_len: int | None = None  # defaults to the model's max positions
+    device: str = "cpu"
+    verify_checksums: bool = True
+    use_cuda_graphs: bool = True  # GPU decode steps replay captured graphs
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size {self.block_size} must be a power of two, e.g. 16")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ConfigError(f"num_blocks {self.num_blocks} must be >= 1")
+        if not 0.05 <= self.gpu_memory_fraction <= 0.98:
+            raise ConfigError(f"gpu_memory_fraction {self.gpu_memory_fraction} must be in [0.05, 0.98]")
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs {self.max_num_seqs} must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(f"max_num_batched_tokens {self.max_num_batched_tokens} must be >= 1")

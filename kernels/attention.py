@@ -1,0 +1,57 @@
+"""Attention over the paged KV cache, for ragged batches that mix prefill and decode.
+
+Cache layout, per layer: k_cache and v_cache are [num_blocks, block_size, num_kv_heads, head_dim].
+A token's slot is block_id * block_size + offset; `slot_mapping[t]` says where token t's k/v go.
+
+Batch layout: the T query tokens of B sequences are packed back to back. Sequence b owns query
+rows [query_start_loc[b], query_start_loc[b+1]) and, after this step, has seq_lens[b] tokens in
+the cache (its queries are the last ones), whose blocks are block_tables[b, :]. Causality:
+query j of a chunk of n tokens sits at position seq_len - n + j and sees keys [0, that position].
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    """k, v [T, nkv, hd] -> cache slots (in place)."""
+    nkv, hd = k.shape[1], k.shape[2]
+    k_cache.view(-1, nkv, hd).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, nkv, hd).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                        query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [T, nh, hd] -> out [T, nh, hd]. One sequence at a time: the reference, not the fast path."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    for b, seq_len in enumerate(lens):
+        q_lo, q_hi = starts[b], starts[b + 1]
+        n = q_hi - q_lo
+        if n == 0:
+            continue
+        num_blocks = -(-seq_len // block_size)
+        blocks = block_tables[b, :num_blocks].long()
+        k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]  # (S, nkv, hd)
+        v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1).float()  # (nh, S, hd)
+        v = v.repeat_interleave(group, dim=1).transpose(0, 1).float()
+        qb = q[q_lo:q_hi].transpose(0, 1).float()  # (nh, n, hd)
+        scores = (qb @ k.transpose(1, 2)) * scale  # (nh, n, S)
+        q_pos = torch.arange(seq_len - n, seq_len, device=q.device)[:, None]
+        k_pos = torch.arange(seq_len, device=q.device)[None, :]
+        scores.masked_fill_(k_pos > q_pos, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[q_lo:q_hi] = (probs @ v).transpose(0, 1).to(q.dtype)  # (n, nh, hd)
+    return out
+
+
+write_kv = write_kv_ref
+paged_attention = paged_attention_ref

@@ -1,0 +1,198 @@
+"""One stage on one TP rank: its shard of the weights, its paged KV cache, its layers.
+
+The engine knows nothing about requests, queues or the network: a `StageBatch` and its input
+tensor (token ids on stage 0, the hidden stream elsewhere) go in; the hidden stream for the next
+stage comes out, or, on the last stage, one sampled token id per sampled chunk.
+
+TP: rank 0 (the driver) calls `step`, which first broadcasts the batch and its inputs to the
+followers; followers sit in `follow` and run the same `execute`. Every rank thus makes the same
+block-manager calls in the same order and the ranks' block tables agree without being sent.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from shardline.config import ConfigError, EngineConfig
+from shardline.manifest import Manifest, sha256_file
+from shardline.model.transformer import StageModel, StepMetadata
+from shardline.parallel import TPGroup
+from shardline.sampling import sample
+from shardline.stage_worker.batch import StageBatch
+from shardline.stage_worker.block_manager import BlockManager, OutOfBlocks
+from shardline.stage_worker.kv_cache import KVCache, plan_num_blocks
+from shardline.wire import DTYPE_NAMES, DTYPES_BY_NAME, MODEL_DTYPES
+
+CPU_DEFAULT_KV_BYTES = 256 << 20
+
+
+def load_shard(model_dir: str | Path, manifest: Manifest, stage: int, rank: int,
+               device: torch.device, verify: bool) -> dict[str, torch.Tensor]:
+    spec = manifest.shard(stage, rank)
+    path = Path(model_dir) / spec.file
+    if not path.is_file():
+        raise ConfigError(f"shard {path} is missing; re-run `shardline convert`")
+    if verify and sha256_file(path) != spec.sha256:
+        raise ConfigError(f"shard {path} does not match its checksum in manifest.json; "
+                          f"the file is corrupt or from another conversion")
+    weights = {}
+    with safe_open(str(path), framework="pt", device=str(device)) as f:
+        for name in f.keys():
+            weights[name] = f.get_tensor(name)
+    return weights
+
+
+class StageEngine:
+    def __init__(self, model_dir: str | Path, stage: int, tp: TPGroup, config: EngineConfig,
+                 manifest: Manifest | None = None) -> None:
+        self.manifest = manifest or Manifest.read(model_dir)
+        if tp.size != self.manifest.tp:
+            raise ConfigError(f"the model was converted for tp={self.manifest.tp}, but this group has "
+                              f"{tp.size} ranks; re-convert with --tp {tp.size} or start {self.manifest.tp} ranks")
+        self.spec = self.manifest.stage(stage)
+        self.stage, self.tp, self.config = stage, tp, config
+        self.device = torch.device(config.device)
+        self.is_first = stage == 0
+        self.is_last = stage == self.manifest.pp - 1
+        cfg = self.manifest.model
+        self.model_config = cfg
+        self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
+                                 cfg.max_position_embeddings)
+        weights = load_shard(model_dir, self.manifest, stage, tp.rank, self.device, config.verify_checksums)
+        self.model = StageModel(cfg, tp, weights, self.spec.layer_start, self.spec.layer_end,
+                                self.is_first, self.is_last)
+        self.dtype = MODEL_DTYPES[self.manifest.dtype]
+        num_kv_heads = cfg.num_kv_heads // tp.size
+        num_blocks = config.num_blocks or plan_num_blocks(
+            self._kv_budget(), self.spec.num_layers, config.block_size, num_kv_heads, cfg.head_dim, self.dtype)
+        self.kv_cache = KVCache(self.spec.num_layers, num_blocks, config.block_size, num_kv_heads,
+                                cfg.head_dim, self.dtype, self.device)
+        self.kv_layers = self.kv_cache.layers()
+        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.num_steps = 0
+        self.num_tokens = 0
+        self.busy_seconds = 0.0
+
+    def _kv_budget(self) -> int:
+        if self.config.kv_cache_bytes is not None:
+            return self.config.kv_cache_bytes
+        if self.device.type != "cuda":
+            return CPU_DEFAULT_KV_BYTES
+        free, total = torch.cuda.mem_get_info(self.device)
+        reserve = int(total * (1 - self.config.gpu_memory_fraction))
+        return max(free - reserve, 0)
+
+    # -- the step ---------------------------------------------------------------------------------
+
+    def step(self, batch: StageBatch, inputs: torch.Tensor) -> torch.Tensor | list[int]:
+        """Driver only: send the step to the followers, then run it here too."""
+        if self.tp.size > 1:
+            self.tp.broadcast_json({"op": "step", "stage": self.stage, "batch": batch.to_dict(),
+                                    "shape": list(inputs.shape), "dtype": DTYPE_NAMES[inputs.dtype]})
+            inputs = self.tp.broadcast_tensor(inputs.to(self.tp.device), tuple(inputs.shape), inputs.dtype)
+        return self.execute(batch, inputs)
+
+    def free(self, request_ids: list[str]) -> None:
+        """Driver only: free sequences' KV blocks on every rank."""
+        if self.tp.size > 1:
+            self.tp.broadcast_json({"op": "free", "stage": self.stage, "request_ids": list(request_ids)})
+        for rid in request_ids:
+            self.block_manager.free(rid)
+
+    def execute(self, batch: StageBatch, inputs: torch.Tensor) -> torch.Tensor | list[int]:
+        """Run one step on this rank. Raises OutOfBlocks/ConfigError before touching the cache."""
+        started = time.perf_counter()
+        for rid in batch.free_request_ids:
+            self.block_manager.free(rid)
+        if not batch.chunks:
+            return [] if self.is_last else inputs
+        meta = self._prepare(batch)
+        out = self.model.forward(inputs.to(self.device), meta, self.kv_layers)
+        if self.is_last and batch.return_logits:
+            pass  # meta.sample_rows covers every token; `out` is their logits
+        elif self.is_last:
+            sampled = batch.sampled
+            positions = torch.tensor([c.start_position + c.num_tokens for c in sampled])
+            out = sample(out, [c.sampling for c in sampled], positions).tolist() if sampled else []
+        elif self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        self.num_steps += 1
+        self.num_tokens += batch.num_tokens
+        self.busy_seconds += time.perf_counter() - started
+        return out
+
+    def _prepare(self, batch: StageBatch) -> StepMetadata:
+        bm = self.block_manager
+        missing = 0
+        for c in batch.chunks:
+            end = c.start_position + c.num_tokens
+            if end > self.max_model_len:
+                raise ConfigError(f"sequence {c.request_id} reaches {end} tokens, beyond the "
+                                  f"model's context of {self.max_model_len}")
+            missing += max(bm.blocks_needed(end) - len(bm.block_tables.get(c.request_id, ())), 0)
+        if missing > bm.num_free_blocks:
+            raise OutOfBlocks(f"this step needs {missing} more KV blocks on stage {self.stage}, "
+                              f"{bm.num_free_blocks} are free")
+        positions, slots, tables, seq_lens, starts, sample_rows = [], [], [], [], [0], []
+        bs = bm.block_size
+        for c in batch.chunks:
+            end = c.start_position + c.num_tokens
+            table = bm.allocate(c.request_id, end)
+            pos = range(c.start_position, end)
+            positions.extend(pos)
+            slots.extend(table[p // bs] * bs + p % bs for p in pos)
+            tables.append(table)
+            seq_lens.append(end)
+            starts.append(starts[-1] + c.num_tokens)
+            if batch.return_logits:
+                sample_rows.extend(range(starts[-2], starts[-1]))
+            elif c.sample:
+                sample_rows.append(starts[-1] - 1)
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        dev = self.device
+        return StepMetadata(
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
+            sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=dev),
+        )
+
+    # -- introspection ----------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        bm = self.block_manager
+        return {"stage": self.stage, "layer_start": self.spec.layer_start, "layer_end": self.spec.layer_end,
+                "tp": self.tp.size, "num_blocks": bm.num_blocks, "free_blocks": bm.num_free_blocks,
+                "block_size": bm.block_size, "running": bm.request_ids, "steps": self.num_steps,
+                "tokens": self.num_tokens, "busy_seconds": self.busy_seconds}
+
+
+def follow(tp: TPGroup, engines: dict[int, StageEngine]) -> None:
+    """Follower ranks: run what the driver broadcasts until it says stop."""
+    while True:
+        msg = tp.broadcast_json(None)
+        op = msg["op"]
+        if op == "stop":
+            return
+        engine = engines[msg["stage"]]
+        if op == "free":
+            for rid in msg["request_ids"]:
+                engine.block_manager.free(rid)
+        elif op == "step":
+            inputs = tp.broadcast_tensor(None, tuple(msg["shape"]), DTYPES_BY_NAME[msg["dtype"]])
+            try:
+                engine.execute(StageBatch.from_dict(msg["batch"]), inputs)
+            except (ConfigError, OutOfBlocks):
+                pass  # the driver raises the same error from the same check and reports it
+
+
+def stop_followers(tp: TPGroup) -> None:
+    if tp.size > 1:
+        tp.broadcast_json({"op": "stop"})

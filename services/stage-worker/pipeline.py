@@ -1,0 +1,144 @@
+"""A whole model in one process per TP rank: every stage, driven by stage 0's scheduler.
+
+This is the engine without the network — what tests and `shardline generate` drive. Activations
+still cross each stage boundary as raw bytes (the same codec the gRPC transport uses), so the
+boundary is exercised even here. With TP > 1, `generate_local` runs one process per rank over
+gloo (CPU) or NCCL (GPU); rank 0 drives, the others follow.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from pathlib import Path
+
+import torch
+
+from shardline.config import EngineConfig
+from shardline.manifest import Manifest
+from shardline.parallel import TPGroup, init_tp_group, single_rank
+from shardline.sampling import SamplingParams
+from shardline.stage_worker.batch import SequenceChunk, StageBatch
+from shardline.stage_worker.engine import StageEngine, follow, stop_followers
+from shardline.stage_worker.scheduler import Scheduler
+from shardline.stage_worker.sequence import Sequence
+from shardline.wire import tensor_from_bytes, tensor_to_bytes
+
+
+class LocalPipeline:
+    def __init__(self, model_dir: str | Path, tp: TPGroup | None = None,
+                 config: EngineConfig | None = None) -> None:
+        self.tp = tp or single_rank()
+        self.config = config or EngineConfig()
+        self.manifest = Manifest.read(model_dir)
+        self.engines = [StageEngine(model_dir, s, self.tp, self.config, self.manifest)
+                        for s in range(self.manifest.pp)]
+        first = self.engines[0]
+        self.scheduler = Scheduler(
+            num_blocks=min(e.block_manager.num_blocks for e in self.engines),
+            block_size=self.config.block_size, max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens, max_model_len=first.max_model_len)
+
+    def run_batch(self, batch: StageBatch, input_ids: torch.Tensor) -> torch.Tensor | list[int]:
+        x: torch.Tensor | list[int] = input_ids
+        for engine in self.engines:
+            x = engine.step(batch, x)
+            if not engine.is_last:
+                x = tensor_from_bytes(*tensor_to_bytes(x), device=engine.device)  # the stage boundary
+        return x
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+        """Generated token ids (not the prompt) for each prompt, batched continuously."""
+        params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+        eos = self.manifest.model.eos_token_ids
+        seqs = [Sequence(f"local-{uuid.uuid4().hex[:12]}", list(p), sp, eos) for p, sp in zip(prompts, params)]
+        for seq in seqs:
+            self.scheduler.add(seq)
+        while self.scheduler.has_work:
+            batch = self.scheduler.schedule()
+            if not batch.chunks:
+                continue
+            ids = [t for c in batch.chunks for t in self.scheduler.chunk_token_ids(c)]
+            tokens = self.run_batch(batch, torch.tensor(ids, dtype=torch.int64))
+            self.scheduler.on_tokens(batch, tokens)
+        freed = self.scheduler.take_pending_free()
+        for engine in self.engines:
+            engine.free(freed)
+        return [s.output_token_ids for s in seqs]
+
+    def logits(self, prompt: list[int]) -> torch.Tensor:
+        """Logits [len(prompt), V] (fp32) at every position of one prompt, in one prefill."""
+        rid = f"logits-{uuid.uuid4().hex[:12]}"
+        batch = StageBatch([SequenceChunk(rid, 0, len(prompt), True)], return_logits=True)
+        try:
+            return self.run_batch(batch, torch.tensor(prompt, dtype=torch.int64)).cpu()
+        finally:
+            for engine in self.engines:
+                engine.free([rid])
+
+    def close(self) -> None:
+        stop_followers(self.tp)
+
+
+# -- one process per TP rank ----------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, size: int, init_method: str, model_dir: str, config: EngineConfig,
+               job: tuple, results) -> None:
+    torch.set_num_threads(1)
+    tp = init_tp_group(rank, size, init_method, backend="nccl" if config.device.startswith("cuda") else "gloo")
+    try:
+        pipeline = LocalPipeline(model_dir, tp, config)
+        if not tp.is_driver:
+            follow(tp, {i: e for i, e in enumerate(pipeline.engines)})
+            return
+        try:
+            kind, args = job
+            out = pipeline.generate(*args) if kind == "generate" else pipeline.logits(*args)
+            results.put(("ok", out))
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which re-raises
+            results.put(("error", f"{type(e).__name__}: {e}"))
+        finally:
+            pipeline.close()
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _run(model_dir: str | Path, job: tuple, config: EngineConfig | None):
+    config = config or EngineConfig()
+    tp_size = Manifest.read(model_dir).tp
+    if tp_size == 1:
+        pipeline = LocalPipeline(model_dir, single_rank(), config)
+        kind, args = job
+        return pipeline.generate(*args) if kind == "generate" else pipeline.logits(*args)
+    ctx = torch.multiprocessing.get_context("spawn")
+    results = ctx.SimpleQueue()
+    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    procs = [ctx.Process(target=_rank_main, args=(r, tp_size, init_method, str(model_dir), config, job, results),
+                         daemon=True) for r in range(tp_size)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    if results.empty():
+        codes = [p.exitcode for p in procs]
+        raise RuntimeError(f"TP ranks exited with codes {codes} before returning a result")
+    status, out = results.get()
+    if status != "ok":
+        raise RuntimeError(out)
+    return out
+
+
+def generate_local(model_dir: str | Path, prompts: list[list[int]],
+                   sampling: SamplingParams | list[SamplingParams], config: EngineConfig | None = None) -> list[list[int]]:
+    """Run every stage and TP rank of a converted model on this machine (processes when TP > 1)."""
+    return _run(model_dir, ("generate", (prompts, sampling)), config)
+
+
+def logits_local(model_dir: str | Path, prompt: list[int], config: EngineConfig | None = None) -> torch.Tensor:
+    return _run(model_dir, ("logits", (prompt,)), config)

@@ -1,0 +1,140 @@
+"""Stage 0's iteration-level (continuous) batching.
+
+Each call to `schedule` builds the next micro-batch: sequences that are not already in the
+pipeline each get a chunk — the rest of their prompt (capped by the step's token budget, so long
+prompts are prefilled in chunks) or their one newest token. New sequences join at the next step,
+finished ones leave at once. With PP stages, up to PP micro-batches are in flight; a sequence is
+in at most one of them, since its next token depends on the last.
+
+Admission reserves KV blocks for a sequence's whole life (prompt + max_tokens), so a running
+sequence never has to be preempted for room.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from shardline.stage_worker.batch import SequenceChunk, StageBatch
+from shardline.stage_worker.sequence import FinishReason, Sequence, SequenceStatus
+
+
+class Scheduler:
+    def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int) -> None:
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: dict[str, Sequence] = {}
+        self.num_reserved_blocks = 0
+        self._pending_free: list[str] = []
+
+    # -- admission --------------------------------------------------------------------------------
+
+    def blocks_reserved_for(self, seq: Sequence) -> int:
+        total = min(len(seq.prompt_token_ids) + seq.sampling.max_tokens, self.max_model_len)
+        return -(-total // self.block_size)
+
+    def add(self, seq: Sequence) -> None:
+        if self.blocks_reserved_for(seq) > self.num_blocks:
+            raise ValueError(f"sequence {seq.request_id} needs {self.blocks_reserved_for(seq)} KV blocks "
+                             f"but the cache holds {self.num_blocks}; shorten the prompt or max_tokens")
+        self.waiting.append(seq)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.num_blocks - self.num_reserved_blocks
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            need = self.blocks_reserved_for(seq)
+            if need > self.num_free_blocks:
+                break
+            self.waiting.popleft()
+            self.num_reserved_blocks += need
+            seq.status = SequenceStatus.RUNNING
+            self.running[seq.request_id] = seq
+
+    # -- one step ---------------------------------------------------------------------------------
+
+    def schedule(self) -> StageBatch:
+        """The next micro-batch; empty when every running sequence is in flight."""
+        self._admit()
+        batch = StageBatch(free_request_ids=self._pending_free)
+        self._pending_free = []
+        budget = self.max_num_batched_tokens
+        for seq in self.running.values():
+            if seq.in_flight or budget == 0:
+                continue
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if n <= 0:
+                continue
+            sample = seq.num_computed_tokens + n == seq.num_tokens
+            batch.chunks.append(SequenceChunk(seq.request_id, seq.num_computed_tokens, n, sample,
+                                              seq.sampling if sample else None))
+            seq.num_computed_tokens += n
+            seq.in_flight = sample
+            budget -= n
+        return batch
+
+    def chunk_token_ids(self, chunk: SequenceChunk) -> list[int]:
+        seq = self.running[chunk.request_id]
+        return seq.token_ids[chunk.start_position:chunk.start_position + chunk.num_tokens]
+
+    def on_tokens(self, batch: StageBatch, token_ids: list[int]) -> list[Sequence]:
+        """The last stage's tokens for `batch` (one per sampled chunk). Returns sequences that got
+        a token (finished ones included, already removed)."""
+        updated = []
+        for chunk, token in zip(batch.sampled, token_ids):
+            seq = self.running.get(chunk.request_id)
+            if seq is None:  # cancelled while in flight
+                continue
+            seq.in_flight = False
+            seq.append_token(token)
+            updated.append(seq)
+            if seq.is_finished:
+                self._release(seq)
+        return updated
+
+    def on_error(self, batch: StageBatch, error: str) -> list[Sequence]:
+        """A micro-batch failed downstream: its sequences end with the error."""
+        failed = []
+        for chunk in batch.chunks:
+            seq = self.running.get(chunk.request_id)
+            if seq is not None and not seq.is_finished:
+                seq.finish(FinishReason.ERROR, error)
+                self._release(seq)
+                failed.append(seq)
+        return failed
+
+    def cancel(self, request_id: str) -> Sequence | None:
+        for seq in self.waiting:
+            if seq.request_id == request_id:
+                self.waiting.remove(seq)
+                seq.finish(FinishReason.CANCELLED)
+                return seq
+        seq = self.running.get(request_id)
+        if seq is not None:
+            seq.finish(FinishReason.CANCELLED)
+            self._release(seq)
+        return seq
+
+    def _release(self, seq: Sequence) -> None:
+        del self.running[seq.request_id]
+        self.num_reserved_blocks -= self.blocks_reserved_for(seq)
+        self._pending_free.append(seq.request_id)
+
+    def take_pending_free(self) -> list[str]:
+        """Frees not yet sent with a batch (e.g. when the engine goes idle)."""
+        ids, self._pending_free = self._pending_free, []
+        return ids
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_in_flight(self) -> int:
+        return sum(s.in_flight for s in self.running.values())

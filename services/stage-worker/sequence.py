@@ -1,0 +1,67 @@
+"""A sequence as stage 0's scheduler sees it: tokens so far and how many the cache already holds."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from shardline.sampling import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    LENGTH = "length"
+    STOP = "stop"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    eos_token_ids: tuple[int, ...] = ()
+    # Tokens generated before this sequence came here (resume after a replica failure): they are
+    # recomputed like the prompt, and count against max_tokens.
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    # Tokens whose k/v are in the cache, or scheduled into it by an in-flight micro-batch.
+    num_computed_tokens: int = 0
+    # A micro-batch holding this sequence's sampled chunk is in the pipeline.
+    in_flight: bool = False
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        """Record a sampled token and decide whether the sequence is done."""
+        self.output_token_ids.append(token_id)
+        stops = set(self.sampling.stop_token_ids)
+        if not self.sampling.ignore_eos:
+            stops.update(self.eos_token_ids)
+        if token_id in stops:
+            self.finish(FinishReason.STOP)
+        elif len(self.output_token_ids) >= self.sampling.max_tokens:
+            self.finish(FinishReason.LENGTH)
+
+    def finish(self, reason: FinishReason, error: str | None = None) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        self.error = error

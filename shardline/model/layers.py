@@ -1,0 +1,44 @@
+"""The parallel building blocks: linears (dense or int8 weight-only) and the vocab-parallel embedding.
+
+Megatron's split: column-parallel linears (qkv, gate/up) need no communication; row-parallel ones
+(o, down) produce partial sums that the caller all-reduces, then adds the bias once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from shardline.kernels import quant
+from shardline.parallel import TPGroup
+
+
+class Linear:
+    """y = x @ W.T (+ bias). `weight` is [out, in]; int8 weights carry a per-row `scale`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 scale: torch.Tensor | None = None) -> None:
+        self.weight, self.bias, self.scale = weight, bias, scale
+
+    def __call__(self, x: torch.Tensor, add_bias: bool = True) -> torch.Tensor:
+        bias = self.bias if add_bias else None
+        if self.scale is not None:
+            return quant.int8_linear(x, self.weight, self.scale, bias)
+        return F.linear(x, self.weight, bias)
+
+
+class VocabParallelEmbedding:
+    """Rank r holds rows [r*n, (r+1)*n) of the (padded) vocabulary; other ids contribute zeros."""
+
+    def __init__(self, weight: torch.Tensor, tp: TPGroup) -> None:
+        self.weight, self.tp = weight, tp
+        self.start = tp.rank * weight.shape[0]
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        x = F.embedding(local.masked_fill(outside, 0), self.weight)  # (T, H)
+        x = x.masked_fill(outside[:, None], 0.0)
+        return self.tp.all_reduce(x)

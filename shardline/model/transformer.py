@@ -1,0 +1,161 @@
+"""One pipeline stage's share of a decoder-only transformer, on one tensor-parallel rank.
+
+The three families differ only in switches of `ModelConfig` (norm kind, MLP kind, learned or
+rotary positions, parallel residual, biases), so this one file runs Llama, Mistral, Qwen2, GPT-J
+and GPT-2. It has no parallelism logic beyond the two (GPT-J: one) all-reduces per layer and the
+vocab-parallel ends; it never sees a scheduler or a queue: tensors in, tensors out.
+
+Tokens are packed: a step's T tokens from all sequences form one [T, H] matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shardline.config import ModelConfig
+from shardline.kernels import activation, attention, norm, rotary
+from shardline.model.layers import Linear, VocabParallelEmbedding
+from shardline.parallel import TPGroup
+
+
+@dataclass
+class StepMetadata:
+    """Where each packed token sits: everything attention needs, on the model's device."""
+
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64, cache slot of each token's k/v
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    seq_lens: torch.Tensor  # [B] int32, tokens in the cache after this step
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    sample_rows: torch.Tensor  # [S] int64, rows of T whose next token is drawn (last stage)
+
+
+class Norm:
+    def __init__(self, cfg: ModelConfig, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight, self.bias, self.eps, self.is_rms = weight, bias, cfg.norm_eps, cfg.norm == "rms"
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if self.is_rms:
+            return norm.rms_norm(x, self.weight, self.eps, residual)
+        return norm.layer_norm(x, self.weight, self.bias, self.eps, residual)
+
+
+class DecoderLayer:
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, w: dict[str, torch.Tensor], prefix: str,
+                 cos_sin: torch.Tensor | None) -> None:
+        def linear(name: str) -> Linear:
+            return Linear(w[f"{prefix}{name}.weight"], w.get(f"{prefix}{name}.bias"),
+                          w.get(f"{prefix}{name}.weight_scale"))
+
+        self.cfg, self.tp, self.cos_sin = cfg, tp, cos_sin
+        self.num_heads = cfg.num_heads // tp.size
+        self.num_kv_heads = cfg.num_kv_heads // tp.size
+        self.scale = cfg.head_dim ** -0.5
+        self.input_norm = Norm(cfg, w[f"{prefix}input_norm.weight"], w.get(f"{prefix}input_norm.bias"))
+        self.post_attention_norm = None
+        if not cfg.parallel_residual:
+            self.post_attention_norm = Norm(cfg, w[f"{prefix}post_attention_norm.weight"],
+                                            w.get(f"{prefix}post_attention_norm.bias"))
+        self.qkv_proj, self.o_proj = linear("qkv_proj"), linear("o_proj")
+        self.is_glu = cfg.activation == "silu_glu"
+        self.up_proj = linear("gate_up_proj" if self.is_glu else "up_proj")
+        self.down_proj = linear("down_proj")
+
+    def attention(self, x: torch.Tensor, meta: StepMetadata, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor) -> torch.Tensor:
+        """Partial (pre-all-reduce, bias-free) attention output [T, H]."""
+        T, hd = x.shape[0], self.cfg.head_dim
+        qkv = self.qkv_proj(x)  # (T, (nh + 2 nkv) hd) for this rank's heads
+        q_size, kv_size = self.num_heads * hd, self.num_kv_heads * hd
+        q = qkv[:, :q_size].view(T, self.num_heads, hd)
+        k = qkv[:, q_size:q_size + kv_size].view(T, self.num_kv_heads, hd)
+        v = qkv[:, q_size + kv_size:].view(T, self.num_kv_heads, hd)
+        if self.cos_sin is not None:
+            q, k = rotary.apply_rotary(q, k, meta.positions, self.cos_sin, self.cfg.rotary_dim)
+        attention.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        o = attention.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                      meta.query_start_loc, self.scale)  # (T, nh, hd)
+        return self.o_proj(o.reshape(T, q_size), add_bias=False)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """Partial (pre-all-reduce, bias-free) MLP output [T, H]."""
+        h = self.up_proj(x)
+        h = activation.silu_and_mul(h) if self.is_glu else activation.gelu_tanh(h)
+        return self.down_proj(h, add_bias=False)
+
+    def _reduce(self, partial: torch.Tensor, *biases: torch.Tensor | None) -> torch.Tensor:
+        out = self.tp.all_reduce(partial)
+        for b in biases:
+            if b is not None:
+                out = out + b
+        return out
+
+    def __call__(self, h: torch.Tensor, residual: torch.Tensor | None, meta: StepMetadata,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, residual) -> (h', residual'): the stream is h + residual; norms fuse the add."""
+        x, residual = self.input_norm(h, residual)
+        if residual is None:
+            residual = h
+        if self.post_attention_norm is None:
+            # Parallel residual (GPT-J): attention and MLP read the same normed input, so their
+            # partial sums share one all-reduce instead of two.
+            partial = self.attention(x, meta, k_cache, v_cache) + self.mlp(x)
+            return self._reduce(partial, self.o_proj.bias, self.down_proj.bias), residual
+        attn = self._reduce(self.attention(x, meta, k_cache, v_cache), self.o_proj.bias)
+        x, residual = self.post_attention_norm(attn, residual)
+        return self._reduce(self.mlp(x), self.down_proj.bias), residual
+
+
+class StageModel:
+    """Layers [layer_start, layer_end) plus the embedding (first stage) or the head (last stage)."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, weights: dict[str, torch.Tensor],
+                 layer_start: int, layer_end: int, is_first: bool, is_last: bool) -> None:
+        self.cfg, self.tp = cfg, tp
+        self.is_first, self.is_last = is_first, is_last
+        self.layer_start, self.layer_end = layer_start, layer_end
+        some = next(iter(weights.values()))
+        self.device = some.device
+        self.dtype = weights[f"layers.{layer_start}.input_norm.weight"].dtype
+        cos_sin = None
+        if cfg.position == "rotary":
+            cos_sin = rotary.rotary_cos_sin(cfg.max_position_embeddings, cfg.rotary_dim,
+                                            cfg.rope_theta, cfg.rope_scaling, self.device)
+        self.layers = [DecoderLayer(cfg, tp, weights, f"layers.{i}.", cos_sin)
+                       for i in range(layer_start, layer_end)]
+        if is_first:
+            self.embed_tokens = VocabParallelEmbedding(weights["embed_tokens.weight"], tp)
+            self.embed_positions = weights.get("embed_positions.weight")
+        if is_last:
+            self.norm = Norm(cfg, weights["norm.weight"], weights.get("norm.bias"))
+            self.lm_head = Linear(weights["lm_head.weight"], weights.get("lm_head.bias"))
+
+    @property
+    def num_layers(self) -> int:
+        return self.layer_end - self.layer_start
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # (T, H)
+        if self.embed_positions is not None:
+            x = x + self.embed_positions[positions]
+        return x
+
+    def forward(self, inputs: torch.Tensor, meta: StepMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """inputs: token ids [T] (first stage) or the hidden stream [T, H] from the previous stage.
+
+        Returns the hidden stream [T, H] for the next stage, or, on the last stage, the full-vocab
+        logits [S, V] (fp32) of the rows in meta.sample_rows.
+        """
+        h = self.embed(inputs, meta.positions) if self.is_first else inputs.to(self.dtype)
+        residual = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            h, residual = layer(h, residual, meta, k_cache, v_cache)
+        if not self.is_last:
+            return h + residual
+        rows = meta.sample_rows
+        x, _ = self.norm(h[rows], residual[rows])  # only the rows whose next token is drawn
+        logits = self.tp.all_gather_last_dim(self.lm_head(x).float())  # (S, Vp)
+        return logits[:, :self.cfg.vocab_size]

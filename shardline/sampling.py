@@ -1,0 +1,107 @@
+"""Sampling parameters and the sampler.
+
+Randomness is a pure function of (seed, position, token id): a counter-based hash turns each into
+a uniform number, and sampling is the exponential race argmax(p / -log u) — exactly a draw from p.
+No generator state exists, so a request resumed on another replica (prompt + tokens so far
+recomputed) draws exactly what it would have drawn, and a sequence's draw never depends on which
+other sequences share its batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+MAX_TOP_K = 1 << 20
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = whole vocabulary
+    top_p: float = 1.0
+    seed: int = 0
+    max_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.temperature <= 100.0:
+            raise ValueError(f"temperature {self.temperature} is out of range; use 0 (greedy) to 100")
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k {self.top_k} is out of range; use 0 (off) or a positive count")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p {self.top_p} is out of range; use a value in (0, 1]")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens {self.max_tokens} must be >= 1")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def to_dict(self) -> dict:
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                "seed": self.seed, "max_tokens": self.max_tokens,
+                "stop_token_ids": list(self.stop_token_ids), "ignore_eos": self.ignore_eos}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SamplingParams":
+        d = dict(d)
+        d["stop_token_ids"] = tuple(d.get("stop_token_ids", ()))
+        return cls(**d)
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """murmur3's finaliser on int64 tensors holding 32-bit values (products wrap; low bits exact)."""
+    x = x & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & _MASK32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & _MASK32
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """u in (0, 1) of shape [B, vocab], a function of (seed, position, token id) only."""
+    device = seeds.device
+    s = _hash32(seeds.long() ^ 0x9E3779B9)
+    p = _hash32(positions.long() * 0x27D4EB2F + s)  # (B,)
+    idx = torch.arange(vocab, device=device, dtype=torch.int64)
+    h = _hash32(p[:, None] * 0x165667B1 + idx[None, :] + (s[:, None] << 1))  # (B, V)
+    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], positions: torch.Tensor) -> torch.Tensor:
+    """logits [B, V] (fp32), one SamplingParams per row, positions [B] = index of the token drawn.
+
+    Returns token ids [B]. Greedy rows take argmax (first max on ties, as HF does).
+    """
+    greedy = logits.argmax(dim=-1)
+    if all(p.is_greedy for p in params):
+        return greedy
+    device = logits.device
+    temps = torch.tensor([p.temperature if not p.is_greedy else 1.0 for p in params], device=device)
+    x = logits.float() / temps[:, None]
+    vocab = x.shape[-1]
+    top_ks = [p.top_k for p in params]
+    if any(0 < k < vocab for k in top_ks):
+        k_t = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks], device=device)
+        sorted_desc = x.sort(dim=-1, descending=True).values
+        kth = sorted_desc.gather(1, (k_t - 1)[:, None])  # (B, 1)
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    top_ps = [p.top_p for p in params]
+    if any(tp < 1.0 for tp in top_ps):
+        p_t = torch.tensor(top_ps, device=device)[:, None]
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the token crossing it is kept).
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= p_t
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+    seeds = torch.tensor([p.seed for p in params], device=device)
+    u = uniform_noise(seeds, positions.to(device), vocab)
+    drawn = (probs / -torch.log(u)).argmax(dim=-1)
+    is_greedy = torch.tensor([p.is_greedy for p in params], device=device)
+    return torch.where(is_greedy, greedy, drawn)
