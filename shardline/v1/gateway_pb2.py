@@ -6,17 +6,9 @@
 """Generated protocol buffer code."""
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
-from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-_runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC,
-    7,
-    35,
-    1,
-    '',
-    'shardline/v1/gateway.proto'
-)
+# protobuf runtime check: shardline/v1/__init__.py (see scripts/gen_protos.py)
 # @@protoc_insertion_point(imports)
 
 _sym_db = _symbol_database.Default()
