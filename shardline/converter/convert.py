@@ -1,0 +1,154 @@
+"""HF checkpoint directory -> converted model directory (docs/shard-format.md).
+
+Everything that can be wrong with the input is checked before anything is written: config,
+parallelism, output directory, and every source tensor's presence and shape. The output is then
+built in `OUT.tmp-<pid>` beside OUT and renamed into place only when complete, so an interrupted
+or failed conversion leaves nothing behind. Tensors are streamed: one output tensor (and the
+checkpoint slices it is made of) is in memory at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shardline.config import DTYPES, ConfigError, ModelConfig, check_tensor_parallel, split_layers
+from shardline.converter.checkpoint import HFCheckpoint
+from shardline.converter.families import plan_shard
+from shardline.converter.plan import OutTensor, check_sources, materialize
+from shardline.converter.quantize import quantize_int8
+from shardline.converter.safetensors_writer import TensorSpec, WrittenFile, write_safetensors
+from shardline.manifest import Manifest, ShardSpec, StageSpec, shard_file
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "tokenizer.model", "generation_config.json")
+
+
+def convert(hf_dir: str | Path, out_dir: str | Path, tp: int, pp: int, dtype: str,
+            int8_weight_only: bool = False, stage_layers: list[int] | None = None,
+            overwrite: bool = False) -> Manifest:
+    """Convert the checkpoint in `hf_dir` into `out_dir`; raises ConfigError on bad input."""
+    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    hf_config = read_hf_config(hf_dir)
+    cfg = model_config(hf_config)
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype} is not one of {', '.join(DTYPES)}")
+    check_tensor_parallel(cfg, tp)
+    ranges = split_layers(cfg.num_layers, pp, stage_layers)
+    _check_out_dir(hf_dir, out_dir, overwrite)
+
+    with HFCheckpoint(hf_dir) as ckpt:
+        for s in range(pp):
+            for r in range(tp):
+                check_sources(plan_shard(cfg, ranges[s], tp, r), ckpt)
+        tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            tmp.mkdir()
+            shards = []
+            for s in range(pp):
+                (tmp / f"stage-{s}").mkdir()
+                for r in range(tp):
+                    written = write_shard(tmp / shard_file(s, r), plan_shard(cfg, ranges[s], tp, r), ckpt,
+                                          TORCH_DTYPES[dtype], int8_weight_only)
+                    shards.append(ShardSpec(stage=s, rank=r, file=shard_file(s, r),
+                                            sha256=written.sha256, bytes=written.bytes))
+            manifest = Manifest(
+                model=cfg, dtype=dtype, quantization="int8-weight-only" if int8_weight_only else "none",
+                tp=tp, pp=pp, stages=tuple(StageSpec(s, a, b) for s, (a, b) in enumerate(ranges)),
+                shards=tuple(shards), tokenizer_files=copy_tokenizer_files(hf_dir, tmp),
+                source={"hf_dir": str(hf_dir.resolve()), "model_type": hf_config.get("model_type"),
+                        "weights": [f.name for f in ckpt.files]})
+            manifest.write(tmp)
+            _publish(tmp, out_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return manifest
+
+
+def read_hf_config(hf_dir: Path) -> dict[str, Any]:
+    if not hf_dir.is_dir():
+        raise ConfigError(f"--hf {hf_dir} is not a directory; give a HuggingFace checkpoint directory "
+                          f"(config.json and weights)")
+    path = hf_dir / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"--hf {hf_dir} has no config.json; give a HuggingFace checkpoint directory")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from e
+
+
+def model_config(hf_config: dict[str, Any]) -> ModelConfig:
+    try:
+        return ModelConfig.from_hf(hf_config)
+    except KeyError as e:
+        raise ConfigError(f"config.json lacks {e.args[0]!r}, which model_type="
+                          f"{hf_config.get('model_type')!r} needs") from e
+
+
+def write_shard(path: Path, plan: list[OutTensor], ckpt: HFCheckpoint, dtype: torch.dtype,
+                int8_weight_only: bool) -> WrittenFile:
+    quantized = {out.name for out in plan if int8_weight_only and out.is_projection}
+    specs = []
+    for out in plan:
+        if out.name in quantized:
+            specs += [TensorSpec(out.name, torch.int8, out.shape),
+                      TensorSpec(out.name + "_scale", dtype, out.shape[:1])]
+        else:
+            specs.append(TensorSpec(out.name, dtype, out.shape))
+
+    def tensors() -> Iterator[torch.Tensor]:
+        # `del` after each yield: the generator must not keep the previous tensor alive while
+        # the next one is being built.
+        for out in plan:
+            if out.name in quantized:
+                q, scale = quantize_int8(materialize(ckpt, out, torch.float32), dtype)
+                yield q
+                del q
+                yield scale
+                del scale
+            else:
+                t = materialize(ckpt, out, dtype)
+                yield t
+                del t
+
+    return write_safetensors(path, specs, tensors())
+
+
+def copy_tokenizer_files(hf_dir: Path, out_dir: Path) -> tuple[str, ...]:
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (hf_dir / name).is_file():
+            shutil.copyfile(hf_dir / name, out_dir / name)
+            copied.append(name)
+    return tuple(copied)
+
+
+def _check_out_dir(hf_dir: Path, out_dir: Path, overwrite: bool) -> None:
+    out, hf = out_dir.resolve(), hf_dir.resolve()
+    if out == hf or out in hf.parents:
+        raise ConfigError(f"--out {out_dir} would replace the checkpoint --hf {hf_dir}; choose another --out")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} exists and is not a directory; choose another --out")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise ConfigError(f"--out {out_dir} exists and is not empty; pass --overwrite to replace it")
+
+
+def _publish(tmp: Path, out_dir: Path) -> None:
+    """Move the finished `tmp` to `out_dir`, replacing whatever is there only at the very end."""
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        old = out_dir.parent / f"{out_dir.name}.old-{os.getpid()}"
+        os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out_dir)  # rename(2) replaces an empty directory
