@@ -5,7 +5,10 @@ Contract: for one sequence, the concatenated deltas of `feed` and `finish` equal
 text cut just before the first occurrence of the stop string. No delta ever holds half a UTF-8
 character: with byte-level BPE one character (Korean, emoji) spans several tokens, and a delta is
 released only once the text decoded so far does not end in U+FFFD. Text that may still grow into
-a stop string is held back until it either matches (stop) or can no longer (release).
+a stop string is held back until it either matches (stop) or can no longer (release). A match is
+seen when the text through it has been read, i.e. at the first token after which the decoded
+text ends on a whole character (a token may carry the stop's last bytes and the next
+character's first ones; the match then waits for that character).
 
 Cost is O(1) per token, not O(sequence): only a window of trailing tokens is decoded, the
 prefix/read-offset technique of vLLM. `_prefix_offset.._read_offset` are tokens already emitted,
