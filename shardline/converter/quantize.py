@@ -18,7 +18,3 @@ def quantize_int8(w: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tens
     q = torch.round(w / divisor[:, None]).clamp_(-127, 127).to(torch.int8)
     return q, scale
 
-
-def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The reference the engine's int8 matmul must agree with: `q * scale[:, None]` in fp32."""
-    return q.float() * scale.float()[:, None]
