@@ -17,7 +17,7 @@ _sym_db = _symbol_database.Default()
 from shardline.v1 import common_pb2 as shardline_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cshardline/v1/tokenizer.proto\x12\x0cshardline.v1\x1a\x19shardline/v1/common.proto\"9\n\rEncodeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x02 \x01(\x08\"#\n\x0e\x45ncodeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"f\n\x18\x41pplyChatTemplateRequest\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.shardline.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08\"<\n\x19\x41pplyChatTemplateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"?\n\rDecodeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x1b\n\x13skip_special_tokens\x18\x02 \x01(\x08\"\x1e\n\x0e\x44\x65\x63odeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"k\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04stop\x18\x02 \x03(\t\x12\x1b\n\x13skip_special_tokens\x18\x03 \x01(\x08\x12\x18\n\x10prefix_token_ids\x18\x04 \x03(\x05\"^\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x14\n\x0cmatched_stop\x18\x04 \x01(\t\"\x10\n\x0eGetInfoRequest\"\x9b\x01\n\rTokenizerInfo\x12\x12\n\nvocab_size\x18\x01 \x01(\x05\x12\x19\n\x0c\x62os_token_id\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x15\n\reos_token_ids\x18\x03 \x03(\x05\x12\x18\n\x10model_max_length\x18\x04 \x01(\x03\x12\x19\n\x11has_chat_template\x18\x05 \x01(\x08\x42\x0f\n\r_bos_token_id2\x9c\x03\n\tTokenizer\x12\x43\n\x06\x45ncode\x12\x1b.shardline.v1.EncodeRequest\x1a\x1c.shardline.v1.EncodeResponse\x12\x64\n\x11\x41pplyChatTemplate\x12&.shardline.v1.ApplyChatTemplateRequest\x1a\'.shardline.v1.ApplyChatTemplateResponse\x12\x43\n\x06\x44\x65\x63ode\x12\x1b.shardline.v1.DecodeRequest\x1a\x1c.shardline.v1.DecodeResponse\x12Y\n\x10\x44\x65tokenizeStream\x12\x1f.shardline.v1.DetokenizeRequest\x1a .shardline.v1.DetokenizeResponse(\x01\x30\x01\x12\x44\n\x07GetInfo\x12\x1c.shardline.v1.GetInfoRequest\x1a\x1b.shardline.v1.TokenizerInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cshardline/v1/tokenizer.proto\x12\x0cshardline.v1\x1a\x19shardline/v1/common.proto\"U\n\rEncodeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x15\n\x13_add_special_tokens\"#\n\x0e\x45ncodeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x85\x01\n\x18\x41pplyChatTemplateRequest\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.shardline.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"<\n\x19\x41pplyChatTemplateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"\\\n\rDecodeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"\x1e\n\x0e\x44\x65\x63odeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x88\x01\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04stop\x18\x02 \x03(\t\x12 \n\x13skip_special_tokens\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x18\n\x10prefix_token_ids\x18\x04 \x03(\x05\x42\x16\n\x14_skip_special_tokens\"^\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x14\n\x0cmatched_stop\x18\x04 \x01(\t\"\x10\n\x0eGetInfoRequest\"\x9b\x01\n\rTokenizerInfo\x12\x12\n\nvocab_size\x18\x01 \x01(\x05\x12\x19\n\x0c\x62os_token_id\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x15\n\reos_token_ids\x18\x03 \x03(\x05\x12\x18\n\x10model_max_length\x18\x04 \x01(\x03\x12\x19\n\x11has_chat_template\x18\x05 \x01(\x08\x42\x0f\n\r_bos_token_id2\x9c\x03\n\tTokenizer\x12\x43\n\x06\x45ncode\x12\x1b.shardline.v1.EncodeRequest\x1a\x1c.shardline.v1.EncodeResponse\x12\x64\n\x11\x41pplyChatTemplate\x12&.shardline.v1.ApplyChatTemplateRequest\x1a\'.shardline.v1.ApplyChatTemplateResponse\x12\x43\n\x06\x44\x65\x63ode\x12\x1b.shardline.v1.DecodeRequest\x1a\x1c.shardline.v1.DecodeResponse\x12Y\n\x10\x44\x65tokenizeStream\x12\x1f.shardline.v1.DetokenizeRequest\x1a .shardline.v1.DetokenizeResponse(\x01\x30\x01\x12\x44\n\x07GetInfo\x12\x1c.shardline.v1.GetInfoRequest\x1a\x1b.shardline.v1.TokenizerInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -25,25 +25,25 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'shardline.v1.tokenizer_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ENCODEREQUEST']._serialized_start=73
-  _globals['_ENCODEREQUEST']._serialized_end=130
-  _globals['_ENCODERESPONSE']._serialized_start=132
-  _globals['_ENCODERESPONSE']._serialized_end=167
-  _globals['_APPLYCHATTEMPLATEREQUEST']._serialized_start=169
-  _globals['_APPLYCHATTEMPLATEREQUEST']._serialized_end=271
-  _globals['_APPLYCHATTEMPLATERESPONSE']._serialized_start=273
-  _globals['_APPLYCHATTEMPLATERESPONSE']._serialized_end=333
-  _globals['_DECODEREQUEST']._serialized_start=335
-  _globals['_DECODEREQUEST']._serialized_end=398
-  _globals['_DECODERESPONSE']._serialized_start=400
-  _globals['_DECODERESPONSE']._serialized_end=430
-  _globals['_DETOKENIZEREQUEST']._serialized_start=432
-  _globals['_DETOKENIZEREQUEST']._serialized_end=539
-  _globals['_DETOKENIZERESPONSE']._serialized_start=541
-  _globals['_DETOKENIZERESPONSE']._serialized_end=635
-  _globals['_GETINFOREQUEST']._serialized_start=637
-  _globals['_GETINFOREQUEST']._serialized_end=653
-  _globals['_TOKENIZERINFO']._serialized_start=656
-  _globals['_TOKENIZERINFO']._serialized_end=811
-  _globals['_TOKENIZER']._serialized_start=814
-  _globals['_TOKENIZER']._serialized_end=1226
+  _globals['_ENCODEREQUEST']._serialized_end=158
+  _globals['_ENCODERESPONSE']._serialized_start=160
+  _globals['_ENCODERESPONSE']._serialized_end=195
+  _globals['_APPLYCHATTEMPLATEREQUEST']._serialized_start=198
+  _globals['_APPLYCHATTEMPLATEREQUEST']._serialized_end=331
+  _globals['_APPLYCHATTEMPLATERESPONSE']._serialized_start=333
+  _globals['_APPLYCHATTEMPLATERESPONSE']._serialized_end=393
+  _globals['_DECODEREQUEST']._serialized_start=395
+  _globals['_DECODEREQUEST']._serialized_end=487
+  _globals['_DECODERESPONSE']._serialized_start=489
+  _globals['_DECODERESPONSE']._serialized_end=519
+  _globals['_DETOKENIZEREQUEST']._serialized_start=522
+  _globals['_DETOKENIZEREQUEST']._serialized_end=658
+  _globals['_DETOKENIZERESPONSE']._serialized_start=660
+  _globals['_DETOKENIZERESPONSE']._serialized_end=754
+  _globals['_GETINFOREQUEST']._serialized_start=756
+  _globals['_GETINFOREQUEST']._serialized_end=772
+  _globals['_TOKENIZERINFO']._serialized_start=775
+  _globals['_TOKENIZERINFO']._serialized_end=930
+  _globals['_TOKENIZER']._serialized_start=933
+  _globals['_TOKENIZER']._serialized_end=1345
 # @@protoc_insertion_point(module_scope)

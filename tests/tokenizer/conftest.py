@@ -61,7 +61,7 @@ def model_dir(tmp_path_factory, tokenizer) -> Path:
     (path / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<s>",
-        "eos_token": {"content": "</s>", "special": True},  # the AddedToken form some repos use
+        "eos_token": {"__type": "AddedToken", "content": "</s>", "special": True},  # as older repos write it
         "pad_token": "<pad>",
         "model_max_length": 256,
         "chat_template": CHAT_TEMPLATE,
