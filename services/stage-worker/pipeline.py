@@ -88,8 +88,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _run_jobs(pipeline: LocalPipeline, jobs: list[tuple]) -> list:
+    out = []
+    for kind, args in jobs:
+        out.append(pipeline.generate(*args) if kind == "generate" else pipeline.logits(*args))
+    return out
+
+
 def _rank_main(rank: int, size: int, init_method: str, model_dir: str, config: EngineConfig,
-               job: tuple, results) -> None:
+               jobs: list[tuple], results) -> None:
     torch.set_num_threads(1)
     tp = init_tp_group(rank, size, init_method, backend="nccl" if config.device.startswith("cuda") else "gloo")
     try:
@@ -98,8 +105,9 @@ def _rank_main(rank: int, size: int, init_method: str, model_dir: str, config: E
             follow(tp, {i: e for i, e in enumerate(pipeline.engines)})
             return
         try:
-            kind, args = job
-            out = pipeline.generate(*args) if kind == "generate" else pipeline.logits(*args)
+            # Tensors go back by value (numpy): torch would share them through a file descriptor
+            # that dies with this process.
+            out = [o.numpy() if isinstance(o, torch.Tensor) else o for o in _run_jobs(pipeline, jobs)]
             results.put(("ok", out))
         except Exception as e:  # noqa: BLE001 - reported to the parent, which re-raises
             results.put(("error", f"{type(e).__name__}: {e}"))
@@ -109,17 +117,17 @@ def _rank_main(rank: int, size: int, init_method: str, model_dir: str, config: E
         torch.distributed.destroy_process_group()
 
 
-def _run(model_dir: str | Path, job: tuple, config: EngineConfig | None):
+def run_local(model_dir: str | Path, jobs: list[tuple], config: EngineConfig | None = None) -> list:
+    """Run jobs — ("generate", (prompts, sampling)) or ("logits", (prompt,)) — on every stage and
+    TP rank of a converted model on this machine (one process per rank when TP > 1)."""
     config = config or EngineConfig()
     tp_size = Manifest.read(model_dir).tp
     if tp_size == 1:
-        pipeline = LocalPipeline(model_dir, single_rank(), config)
-        kind, args = job
-        return pipeline.generate(*args) if kind == "generate" else pipeline.logits(*args)
+        return _run_jobs(LocalPipeline(model_dir, single_rank(), config), jobs)
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.SimpleQueue()
     init_method = f"tcp://127.0.0.1:{_free_port()}"
-    procs = [ctx.Process(target=_rank_main, args=(r, tp_size, init_method, str(model_dir), config, job, results),
+    procs = [ctx.Process(target=_rank_main, args=(r, tp_size, init_method, str(model_dir), config, jobs, results),
                          daemon=True) for r in range(tp_size)]
     for p in procs:
         p.start()
@@ -131,14 +139,9 @@ def _run(model_dir: str | Path, job: tuple, config: EngineConfig | None):
     status, out = results.get()
     if status != "ok":
         raise RuntimeError(out)
-    return out
+    return [torch.from_numpy(o) if not isinstance(o, list) else o for o in out]
 
 
 def generate_local(model_dir: str | Path, prompts: list[list[int]],
                    sampling: SamplingParams | list[SamplingParams], config: EngineConfig | None = None) -> list[list[int]]:
-    """Run every stage and TP rank of a converted model on this machine (processes when TP > 1)."""
-    return _run(model_dir, ("generate", (prompts, sampling)), config)
-
-
-def logits_local(model_dir: str | Path, prompt: list[int], config: EngineConfig | None = None) -> torch.Tensor:
-    return _run(model_dir, ("logits", (prompt,)), config)
+    return run_local(model_dir, [("generate", (prompts, sampling))], config)[0]

@@ -59,14 +59,17 @@ class Scheduler:
 
     # -- one step ---------------------------------------------------------------------------------
 
-    def schedule(self) -> StageBatch:
-        """The next micro-batch; empty when every running sequence is in flight."""
+    def schedule(self, route: tuple[str, ...] | None = None, max_seqs: int | None = None) -> StageBatch:
+        """The next micro-batch (of sequences on `route`, when given; at most `max_seqs` of them);
+        empty when every such running sequence is in flight."""
         self._admit()
         batch = StageBatch(free_request_ids=self._pending_free)
         self._pending_free = []
         budget = self.max_num_batched_tokens
         for seq in self.running.values():
-            if seq.in_flight or budget == 0:
+            if budget == 0 or (max_seqs is not None and len(batch.chunks) >= max_seqs):
+                break
+            if seq.in_flight or (route is not None and seq.route != route):
                 continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if n <= 0:
@@ -130,6 +133,18 @@ class Scheduler:
         """Frees not yet sent with a batch (e.g. when the engine goes idle)."""
         ids, self._pending_free = self._pending_free, []
         return ids
+
+    def routes_ready(self) -> list[tuple[str, ...]]:
+        """Routes with a running sequence that could join a micro-batch now (admitting first)."""
+        self._admit()
+        seen: dict[tuple[str, ...], None] = {}
+        for seq in self.running.values():
+            if not seq.in_flight and seq.num_computed_tokens < seq.num_tokens:
+                seen.setdefault(seq.route, None)
+        return list(seen)
+
+    def num_running_on(self, route: tuple[str, ...]) -> int:
+        return sum(seq.route == route for seq in self.running.values())
 
     @property
     def has_work(self) -> bool:

@@ -30,6 +30,9 @@ class Sequence:
     # Tokens generated before this sequence came here (resume after a replica failure): they are
     # recomputed like the prompt, and count against max_tokens.
     output_token_ids: list[int] = field(default_factory=list)
+    # Replica addresses of stages 1..p-1 (empty with one stage): the sequence's KV cache lives
+    # there, so every micro-batch holding it goes down this route.
+    route: tuple[str, ...] = ()
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     error: str | None = None

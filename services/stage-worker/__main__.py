@@ -1,0 +1,5 @@
+import sys
+
+from shardline.stage_worker.server import main
+
+sys.exit(main())

@@ -1,0 +1,232 @@
+"""The stage worker's gRPC face and process entry: `python -m shardline.stage_worker`.
+
+TP rank 0 serves gRPC and drives; ranks 1..N-1 join its process group and follow. The servicer
+is thin: it translates the wire into calls on `StageWorker` and errors into status codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import uuid
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from shardline.config import ConfigError, EngineConfig
+from shardline.parallel import init_tp_group
+from shardline.registry import Registry, ReplicaInfo
+from shardline.stage_worker.engine import StageEngine, follow
+from shardline.stage_worker.worker import AdmissionError, StageWorker, sampling_from_proto
+from shardline.v1 import stage_pb2, stage_pb2_grpc
+
+log = logging.getLogger("shardline.stage_worker")
+SERVICE_NAME = "shardline.v1.StageWorker"
+
+
+@dataclass
+class StageWorkerConfig:
+    model_dir: str
+    stage: int
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = any free port
+    advertise_host: str | None = None  # how others reach this replica (pod IP); defaults to host
+    model_name: str | None = None  # defaults to the model directory's name
+    replica_id: str | None = None  # defaults to hostname-pid
+    redis_url: str | None = None  # None = no registry (tests wiring routes by hand)
+    heartbeat_s: float = 1.0
+    registry_ttl_s: float = 5.0
+    drain_timeout_s: float = 30.0
+    tp_size: int = 1
+    tp_rank: int = 0
+    tp_init: str | None = None  # tcp://host:port of rank 0's rendezvous, when tp_size > 1
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def __post_init__(self) -> None:
+        if self.tp_size > 1 and not self.tp_init:
+            raise ConfigError(f"--tp-size {self.tp_size} needs --tp-init tcp://HOST:PORT (rank 0's rendezvous)")
+        if not 0 <= self.tp_rank < self.tp_size:
+            raise ConfigError(f"--tp-rank {self.tp_rank} must be in 0..{self.tp_size - 1}")
+
+
+class StageWorkerServicer(stage_pb2_grpc.StageWorkerServicer):
+    def __init__(self, worker: StageWorker) -> None:
+        self.worker = worker
+
+    def Generate(self, request, context):
+        try:
+            sampling = sampling_from_proto(request.sampling)
+            events = self.worker.admit(request.request_id, list(request.prompt_token_ids), sampling,
+                                       list(request.route), list(request.generated_token_ids))
+        except AdmissionError as e:
+            context.abort(e.code, str(e))
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        rid = request.request_id
+        context.add_callback(lambda: self.worker.cancel(rid))  # client gone: free along the route
+        while True:
+            try:
+                event = events.get(timeout=1.0)
+            except queue.Empty:
+                if not context.is_active():
+                    return
+                continue
+            yield event.to_proto()
+            if event.finish_reason is not None:
+                return
+
+    def Forward(self, request, context):
+        try:
+            depth = self.worker.forward(request)
+        except AdmissionError as e:
+            context.abort(e.code, str(e))
+        return stage_pb2.ForwardAck(num_queued_micro_batches=depth)
+
+    def ReturnTokens(self, request, context):
+        if not self.worker.is_first:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "ReturnTokens goes to the stage-0 replica (origin)")
+        self.worker.return_tokens(request)
+        return stage_pb2.Ack()
+
+    def Free(self, request, context):
+        self.worker.free(list(request.request_ids), list(request.route))
+        return stage_pb2.Ack()
+
+    def GetStatus(self, request, context):
+        s = self.worker.status()
+        return stage_pb2.StageStatus(
+            stage_index=s["stage"], num_stages=self.worker.num_stages, layer_start=s["layer_start"],
+            layer_end=s["layer_end"], tp_size=s["tp"], replica_id=self.worker.replica_id,
+            address=self.worker.address, model=self.worker.model_name, num_total_blocks=s["num_blocks"],
+            num_free_blocks=s["free_blocks"], block_size=s["block_size"], running_request_ids=s["running"],
+            counters=stage_pb2.StageCounters(num_steps=s["steps"], num_tokens=s["tokens"],
+                                             busy_seconds=s["busy_seconds"]),
+            is_draining=s["is_draining"])
+
+
+def replica_info(worker: StageWorker) -> ReplicaInfo:
+    s = worker.status()
+    return ReplicaInfo(replica_id=worker.replica_id, address=worker.address, model=worker.model_name,
+                       stage=worker.stage, num_stages=worker.num_stages, layer_start=s["layer_start"],
+                       layer_end=s["layer_end"], tp=s["tp"], num_total_blocks=s["num_blocks"],
+                       num_free_blocks=s["free_blocks"], block_size=s["block_size"],
+                       num_running=s["num_running"], is_draining=s["is_draining"])
+
+
+class StageWorkerProcess:
+    """Rank 0 of one replica: engine, worker, gRPC server, registry heartbeat."""
+
+    def __init__(self, config: StageWorkerConfig) -> None:
+        self.config = config
+        tp = init_tp_group(0, config.tp_size, config.tp_init or "")
+        engine = StageEngine(config.model_dir, config.stage, tp, config.engine)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=512), options=[
+            ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)])
+        self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+        address = f"{config.advertise_host or config.host}:{self.port}"
+        model_name = config.model_name or Path(config.model_dir).resolve().name
+        replica_id = config.replica_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.worker = StageWorker(engine, address, replica_id, model_name)
+        stage_pb2_grpc.add_StageWorkerServicer_to_server(StageWorkerServicer(self.worker), self.server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME, health.SERVICE_NAME), self.server)
+        self.registry = Registry.from_url(config.redis_url, config.registry_ttl_s) if config.redis_url else None
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        self.server.start()
+        # Weights are loaded and the engine ran its first step at construction: ready now.
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.registry is not None:
+            self.registry.heartbeat(replica_info(self.worker))
+            threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
+        log.info("stage %d replica %s serving at %s", self.worker.stage, self.worker.replica_id, self.worker.address)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.config.heartbeat_s):
+            try:
+                self.registry.heartbeat(replica_info(self.worker))
+            except Exception as e:  # noqa: BLE001 - Redis blips must not kill the replica
+                log.warning("heartbeat failed: %s", e)
+
+    def shutdown(self) -> None:
+        """SIGTERM: stop taking sequences, finish or hand back what runs, deregister, exit."""
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.registry is not None:
+            self.worker.is_draining = True
+            self.registry.heartbeat(replica_info(self.worker))
+        self.worker.drain(self.config.drain_timeout_s)
+        self._stop.set()
+        if self.registry is not None:
+            self.registry.deregister(replica_info(self.worker))
+        self.worker.stop()
+        self.server.stop(grace=2).wait()
+
+
+def run_stage_worker_process(config: StageWorkerConfig) -> None:
+    """Blocks until SIGTERM/SIGINT. Followers (tp_rank > 0) only compute."""
+    if config.tp_rank > 0:
+        tp = init_tp_group(config.tp_rank, config.tp_size, config.tp_init)
+        engine = StageEngine(config.model_dir, config.stage, tp, config.engine)
+        follow(tp, {config.stage: engine})
+        return
+    proc = StageWorkerProcess(config)
+    proc.start()
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    print(f"READY {proc.worker.address}", flush=True)  # launchers wait for this line
+    done.wait()
+    proc.shutdown()
+
+
+def parse_args(argv: list[str] | None = None) -> StageWorkerConfig:
+    p = argparse.ArgumentParser(prog="python -m shardline.stage_worker", description=__doc__)
+    p.add_argument("--model", required=True, help="converted model directory (manifest.json)")
+    p.add_argument("--stage", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--advertise-host")
+    p.add_argument("--model-name")
+    p.add_argument("--replica-id")
+    p.add_argument("--redis-url")
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--tp-rank", type=int, default=0)
+    p.add_argument("--tp-init")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--num-blocks", type=int)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--drain-timeout", type=float, default=30.0)
+    a = p.parse_args(argv)
+    engine = EngineConfig(device=a.device, num_blocks=a.num_blocks, block_size=a.block_size,
+                          max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens)
+    return StageWorkerConfig(model_dir=a.model, stage=a.stage, host=a.host, port=a.port,
+                             advertise_host=a.advertise_host, model_name=a.model_name, replica_id=a.replica_id,
+                             redis_url=a.redis_url, tp_size=a.tp_size, tp_rank=a.tp_rank, tp_init=a.tp_init,
+                             drain_timeout_s=a.drain_timeout, engine=engine)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("SHARDLINE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = parse_args(argv)
+        run_stage_worker_process(config)
+    except ConfigError as e:
+        print(f"shardline stage-worker: error: {e}", flush=True)
+        return 2
+    return 0

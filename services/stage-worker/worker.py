@@ -1,0 +1,440 @@
+"""A stage-worker replica without the gRPC: what the servicer calls, what tests can drive.
+
+One thread — the loop — owns the engine and (on stage 0) the scheduler; everything else talks to
+it through the inbox, so neither needs a lock. Outbound calls (activations to the next stage,
+tokens back to stage 0, frees down a route) leave through the outbox, one ordered queue: a free
+never overtakes the micro-batch sent before it.
+
+Stage 0 keeps up to `num_stages` micro-batches in flight, splitting the sequences of a route
+across them, so with PP stages every stage has work at once (FasterTransformer's micro-batching,
+with continuous batching inside each micro-batch).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable
+
+import grpc
+import torch
+
+from shardline.config import ConfigError
+from shardline.sampling import SamplingParams
+from shardline.stage_worker.batch import SequenceChunk, StageBatch
+from shardline.stage_worker.block_manager import OutOfBlocks
+from shardline.stage_worker.engine import StageEngine, stop_followers
+from shardline.stage_worker.scheduler import Scheduler
+from shardline.stage_worker.sequence import FinishReason, Sequence
+from shardline.v1 import common_pb2, stage_pb2, stage_pb2_grpc
+from shardline.wire import DTYPE_NAMES, WireError, tensor_from_bytes, tensor_to_bytes
+
+log = logging.getLogger("shardline.stage_worker")
+
+FINISH_TO_PROTO = {
+    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
+    FinishReason.CANCELLED: common_pb2.FINISH_REASON_CANCELLED,
+    FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
+}
+
+
+class AdmissionError(ValueError):
+    """A sequence cannot be admitted; `code` is the gRPC status to answer with."""
+
+    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class TokenEvent:
+    request_id: str
+    token_id: int | None
+    index: int
+    finish_reason: FinishReason | None = None
+    error: str = ""
+
+    def to_proto(self) -> stage_pb2.TokenEvent:
+        msg = stage_pb2.TokenEvent(request_id=self.request_id, index=self.index, error=self.error)
+        if self.token_id is not None:
+            msg.token_id = self.token_id
+        if self.finish_reason is not None:
+            msg.finish_reason = FINISH_TO_PROTO[self.finish_reason]
+        return msg
+
+
+def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
+    return SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p or 1.0, seed=p.seed,
+                          max_tokens=p.max_tokens, stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos)
+
+
+def sampling_to_proto(s: SamplingParams) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
+                                     max_tokens=s.max_tokens, stop_token_ids=list(s.stop_token_ids),
+                                     ignore_eos=s.ignore_eos)
+
+
+def batch_to_proto(batch: StageBatch) -> list[stage_pb2.SequenceChunk]:
+    return [stage_pb2.SequenceChunk(request_id=c.request_id, start_position=c.start_position,
+                                    num_tokens=c.num_tokens, sample=c.sample,
+                                    sampling=sampling_to_proto(c.sampling) if c.sampling else None)
+            for c in batch.chunks]
+
+
+def batch_from_proto(chunks) -> StageBatch:
+    return StageBatch([SequenceChunk(c.request_id, c.start_position, c.num_tokens, c.sample,
+                                     sampling_from_proto(c.sampling) if c.sample else None) for c in chunks])
+
+
+class Outbox:
+    """Ordered outbound RPCs from one thread; a failed call reports through its `on_error`."""
+
+    def __init__(self, timeout_s: float = 30.0) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._stubs: dict[str, stage_pb2_grpc.StageWorkerStub] = {}
+        self._channels: list[grpc.Channel] = []
+        self.timeout_s = timeout_s
+        self._thread = threading.Thread(target=self._run, name="outbox", daemon=True)
+        self._thread.start()
+
+    def send(self, address: str, method: str, request, on_error: Callable[[str], None] | None = None) -> None:
+        self._queue.put((address, method, request, on_error))
+
+    def _stub(self, address: str) -> stage_pb2_grpc.StageWorkerStub:
+        if address not in self._stubs:
+            channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", -1),
+                                                              ("grpc.max_receive_message_length", -1)])
+            self._channels.append(channel)
+            self._stubs[address] = stage_pb2_grpc.StageWorkerStub(channel)
+        return self._stubs[address]
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            address, method, request, on_error = item
+            try:
+                getattr(self._stub(address), method)(request, timeout=self.timeout_s)
+            except grpc.RpcError as e:
+                log.warning("%s to %s failed: %s", method, address, e.code())
+                if on_error is not None:
+                    on_error(f"{method} to stage replica {address} failed: {e.code().name}: {e.details()}")
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+        for c in self._channels:
+            c.close()
+
+
+class StageWorker:
+    def __init__(self, engine: StageEngine, address: str, replica_id: str, model_name: str) -> None:
+        self.engine, self.address, self.replica_id, self.model_name = engine, address, replica_id, model_name
+        self.stage, self.num_stages = engine.stage, engine.manifest.pp
+        self.is_first, self.is_last = engine.is_first, engine.is_last
+        self.hidden_size = engine.model_config.hidden_size
+        self.is_draining = False
+        self.outbox = Outbox()
+        self._inbox: queue.Queue = queue.Queue()
+        self._stopped = threading.Event()
+        self.max_micro_batches_in_flight = 0
+        if self.is_first:
+            self.scheduler = Scheduler(engine.block_manager.num_blocks, engine.block_manager.block_size,
+                                       engine.config.max_num_seqs, engine.config.max_num_batched_tokens,
+                                       engine.max_model_len)
+            self._streams: dict[str, queue.Queue] = {}
+            self._in_flight: dict[int, StageBatch] = {}
+            self._deferred_free: dict[int, list[str]] = defaultdict(list)
+            self._routes: dict[str, tuple[str, ...]] = {}
+            self._ids = itertools.count(1)
+        self._thread = threading.Thread(target=self._loop, name=f"stage{self.stage}-loop", daemon=True)
+        self._thread.start()
+
+    # -- called from servicer threads ------------------------------------------------------------
+
+    def admit(self, request_id: str, prompt: list[int], sampling: SamplingParams, route: list[str],
+              generated: list[int]) -> queue.Queue:
+        """Stage 0: queue a sequence; its TokenEvents arrive on the returned queue."""
+        if not self.is_first:
+            raise AdmissionError(f"this replica serves stage {self.stage}; send Generate to a stage-0 replica",
+                                 grpc.StatusCode.FAILED_PRECONDITION)
+        if self.is_draining:
+            raise AdmissionError("replica is draining (shutting down); choose another route",
+                                 grpc.StatusCode.UNAVAILABLE)
+        if len(route) != self.num_stages - 1:
+            raise AdmissionError(f"route names {len(route)} downstream replicas; this model has "
+                                 f"{self.num_stages} stages, so give {self.num_stages - 1}")
+        if not prompt:
+            raise AdmissionError("prompt_token_ids is empty; send at least one token")
+        vocab = self.engine.model_config.vocab_size
+        bad = [t for t in prompt + generated if not 0 <= t < vocab]
+        if bad:
+            raise AdmissionError(f"token ids {bad[:5]} are outside the vocabulary 0..{vocab - 1}")
+        total = len(prompt) + sampling.max_tokens
+        if total > self.engine.max_model_len:
+            raise AdmissionError(f"prompt ({len(prompt)} tokens) + max_tokens ({sampling.max_tokens}) = {total} "
+                                 f"exceeds the context of {self.engine.max_model_len} tokens",
+                                 grpc.StatusCode.OUT_OF_RANGE)
+        if len(generated) >= sampling.max_tokens:
+            raise AdmissionError(f"resume with {len(generated)} generated tokens has nothing left to do "
+                                 f"(max_tokens {sampling.max_tokens})")
+        seq = Sequence(request_id, list(prompt), sampling, self.engine.model_config.eos_token_ids,
+                       output_token_ids=list(generated), route=tuple(route))
+        events: queue.Queue = queue.Queue()
+        self._inbox.put(("admit", seq, events))
+        return events
+
+    def cancel(self, request_id: str) -> None:
+        self._inbox.put(("cancel", request_id))
+
+    def forward(self, msg: stage_pb2.MicroBatch) -> int:
+        """Stage > 0: validate a micro-batch's activations and queue it. Returns the queue depth."""
+        if self.is_first:
+            raise AdmissionError("stage 0 takes no activations; Forward goes to stages 1..p-1",
+                                 grpc.StatusCode.FAILED_PRECONDITION)
+        if len(msg.route) != self.num_stages - 1 - self.stage:
+            raise AdmissionError(f"micro-batch route has {len(msg.route)} replicas after stage {self.stage}; "
+                                 f"expected {self.num_stages - 1 - self.stage}")
+        num_tokens = sum(c.num_tokens for c in msg.sequences)
+        expected = [num_tokens, self.hidden_size]
+        if list(msg.hidden.shape) != expected:
+            raise AdmissionError(f"hidden shape {list(msg.hidden.shape)} != {expected} "
+                                 f"(tokens in the micro-batch x hidden size)")
+        if msg.hidden.dtype != DTYPE_NAMES[self.engine.dtype]:
+            raise AdmissionError(f"hidden dtype {msg.hidden.dtype!r}; this stage runs {DTYPE_NAMES[self.engine.dtype]}")
+        try:
+            hidden = tensor_from_bytes(msg.hidden.data, msg.hidden.shape, msg.hidden.dtype)
+        except WireError as e:
+            raise AdmissionError(str(e)) from e
+        self._inbox.put(("forward", msg, batch_from_proto(msg.sequences), hidden))
+        return self._inbox.qsize()
+
+    def return_tokens(self, msg: stage_pb2.SampledTokens) -> None:
+        self._inbox.put(("tokens", msg))
+
+    def free(self, request_ids: list[str], route: list[str]) -> None:
+        self._inbox.put(("free", list(request_ids), list(route)))
+
+    def status(self) -> dict:
+        s = self.engine.status()
+        s["free_blocks"] = min(s["free_blocks"], self.scheduler.num_free_blocks) if self.is_first else s["free_blocks"]
+        if self.is_first:
+            s["num_running"] = len(self.scheduler.running) + len(self.scheduler.waiting)
+        else:
+            s["num_running"] = len(s["running"])
+        s["max_micro_batches_in_flight"] = self.max_micro_batches_in_flight
+        s["is_draining"] = self.is_draining
+        return s
+
+    def drain(self, timeout_s: float) -> None:
+        """Stop taking sequences, let running ones finish, then hand the rest back with an error
+        the gateway answers by resubmitting them elsewhere."""
+        self.is_draining = True
+        deadline = time.monotonic() + timeout_s
+        while self.is_first and time.monotonic() < deadline:
+            if not self.scheduler.has_work and not self._in_flight:
+                break
+            time.sleep(0.05)
+        if self.is_first:
+            self._inbox.put(("abort_all", "replica shut down before the sequence finished; resubmit elsewhere"))
+
+    def stop(self) -> None:
+        self._inbox.put(("stop",))
+        self._thread.join(timeout=10)
+        self.outbox.close()
+
+    # -- the loop (one thread owns engine and scheduler) -----------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while not self._stopped.is_set():
+                idle = not self.is_first or not self._can_schedule()
+                try:
+                    cmd = self._inbox.get(timeout=0.5) if idle else self._inbox.get_nowait()
+                except queue.Empty:
+                    cmd = None
+                while cmd is not None:
+                    self._handle(cmd)
+                    try:
+                        cmd = self._inbox.get_nowait()
+                    except queue.Empty:
+                        cmd = None
+                if self.is_first and not self._stopped.is_set():
+                    self._schedule_and_run()
+        except Exception:  # noqa: BLE001 - a dead loop must be loud
+            log.exception("stage %d loop died", self.stage)
+            raise
+        finally:
+            stop_followers(self.engine.tp)
+
+    def _handle(self, cmd: tuple) -> None:
+        kind = cmd[0]
+        if kind == "stop":
+            self._stopped.set()
+        elif kind == "admit":
+            _, seq, events = cmd
+            try:
+                self.scheduler.add(seq)
+            except ValueError as e:
+                events.put(TokenEvent(seq.request_id, None, len(seq.output_token_ids), FinishReason.ERROR, str(e)))
+                return
+            self._streams[seq.request_id] = events
+            self._routes[seq.request_id] = seq.route
+        elif kind == "cancel":
+            self._cancel(cmd[1])
+        elif kind == "tokens":
+            self._on_returned(cmd[1])
+        elif kind == "mb_error":
+            _, mb_id, error = cmd
+            batch = self._in_flight.pop(mb_id, None)
+            if batch is not None:
+                self._finish_failed(self.scheduler.on_error(batch, error))
+                self._release_deferred(mb_id)
+        elif kind == "forward":
+            self._run_forwarded(*cmd[1:])
+        elif kind == "free":
+            _, ids, route = cmd
+            self.engine.free(ids)
+            if route:
+                self.outbox.send(route[0], "Free", stage_pb2.FreeRequest(request_ids=ids, route=route[1:]))
+        elif kind == "abort_all":
+            for rid in list(self.scheduler.running) + [s.request_id for s in self.scheduler.waiting]:
+                seq = self.scheduler.cancel(rid)
+                if seq is not None:
+                    self._emit_end(seq, FinishReason.ERROR, cmd[1])
+            self._flush_frees()
+
+    # stage 0 --------------------------------------------------------------------------------------
+
+    def _can_schedule(self) -> bool:
+        return len(self._in_flight) < self.num_stages and bool(self.scheduler.routes_ready())
+
+    def _schedule_and_run(self) -> None:
+        for route in self.scheduler.routes_ready():
+            if len(self._in_flight) >= self.num_stages:
+                break
+            # Split the route's sequences over num_stages micro-batches so every stage has one.
+            per_micro_batch = -(-self.scheduler.num_running_on(route) // self.num_stages)
+            batch = self.scheduler.schedule(route, max_seqs=per_micro_batch)
+            if not batch.chunks:
+                continue
+            ids = torch.tensor([t for c in batch.chunks for t in self.scheduler.chunk_token_ids(c)], dtype=torch.int64)
+            try:
+                out = self.engine.step(batch, ids)
+            except (OutOfBlocks, ConfigError) as e:
+                self._finish_failed(self.scheduler.on_error(batch, f"stage 0: {e}"))
+                continue
+            if self.is_last:
+                self._deliver(batch, out)
+                continue
+            mb_id = next(self._ids)
+            self._in_flight[mb_id] = batch
+            self.max_micro_batches_in_flight = max(self.max_micro_batches_in_flight, len(self._in_flight))
+            data, shape, dtype = tensor_to_bytes(out)
+            msg = stage_pb2.MicroBatch(micro_batch_id=mb_id, origin=self.address, route=list(route[1:]),
+                                       sequences=batch_to_proto(batch),
+                                       hidden=common_pb2.Tensor(data=data, shape=shape, dtype=dtype))
+            self.outbox.send(route[0], "Forward", msg,
+                             on_error=lambda err, mb_id=mb_id: self._inbox.put(("mb_error", mb_id, err)))
+
+    def _on_returned(self, msg: stage_pb2.SampledTokens) -> None:
+        batch = self._in_flight.pop(msg.micro_batch_id, None)
+        if batch is None:
+            return
+        if msg.HasField("error"):
+            self._finish_failed(self.scheduler.on_error(batch, msg.error))
+        else:
+            by_id = {t.request_id: t.token_id for t in msg.tokens}
+            self._deliver(batch, [by_id.get(c.request_id, -1) for c in batch.sampled])
+        self._release_deferred(msg.micro_batch_id)
+
+    def _deliver(self, batch: StageBatch, tokens: list[int]) -> None:
+        for seq in self.scheduler.on_tokens(batch, tokens):
+            index = len(seq.output_token_ids) - 1
+            events = self._streams.get(seq.request_id)
+            if events is not None:
+                events.put(TokenEvent(seq.request_id, seq.output_token_ids[-1], index, seq.finish_reason))
+            if seq.is_finished:
+                self._forget(seq.request_id)
+        self._flush_frees()
+
+    def _cancel(self, request_id: str) -> None:
+        seq = self.scheduler.running.get(request_id)
+        if seq is not None and seq.in_flight:
+            # Its micro-batch is still downstream: free there only after it comes back, or the
+            # late micro-batch would allocate the blocks again.
+            mb_id = next(i for i, b in self._in_flight.items() if any(c.request_id == request_id for c in b.chunks))
+            self._deferred_free[mb_id].append(request_id)
+        seq = self.scheduler.cancel(request_id)
+        if seq is not None:
+            self._emit_end(seq, FinishReason.CANCELLED, "")
+        self._flush_frees()
+
+    def _finish_failed(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            self._emit_end(seq, FinishReason.ERROR, seq.error or "failed")
+        self._flush_frees()
+
+    def _emit_end(self, seq: Sequence, reason: FinishReason, error: str) -> None:
+        events = self._streams.get(seq.request_id)
+        if events is not None:
+            events.put(TokenEvent(seq.request_id, None, len(seq.output_token_ids), reason, error))
+        self._forget(seq.request_id)
+
+    def _forget(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    def _flush_frees(self) -> None:
+        ids = self.scheduler.take_pending_free()
+        if not ids:
+            return
+        deferred = {rid for rids in self._deferred_free.values() for rid in rids}
+        self.engine.free(ids)
+        by_route: dict[tuple[str, ...], list[str]] = defaultdict(list)
+        for rid in ids:
+            route = self._routes.pop(rid, ())
+            if route and rid not in deferred:
+                by_route[route].append(rid)
+            elif route:
+                self._routes[rid] = route  # freed downstream when its micro-batch returns
+        for route, rids in by_route.items():
+            self.outbox.send(route[0], "Free", stage_pb2.FreeRequest(request_ids=rids, route=list(route[1:])))
+
+    def _release_deferred(self, mb_id: int) -> None:
+        by_route: dict[tuple[str, ...], list[str]] = defaultdict(list)
+        for rid in self._deferred_free.pop(mb_id, []):
+            route = self._routes.pop(rid, ())
+            if route:
+                by_route[route].append(rid)
+        for route, rids in by_route.items():
+            self.outbox.send(route[0], "Free", stage_pb2.FreeRequest(request_ids=rids, route=list(route[1:])))
+
+    # stages 1..p-1 --------------------------------------------------------------------------------
+
+    def _run_forwarded(self, msg: stage_pb2.MicroBatch, batch: StageBatch, hidden: torch.Tensor) -> None:
+        def report(error: str) -> None:
+            self.outbox.send(msg.origin, "ReturnTokens",
+                             stage_pb2.SampledTokens(micro_batch_id=msg.micro_batch_id, error=error))
+
+        try:
+            out = self.engine.step(batch, hidden)
+        except (OutOfBlocks, ConfigError) as e:
+            report(f"stage {self.stage} replica {self.address}: {e}")
+            return
+        if self.is_last:
+            tokens = [stage_pb2.SampledToken(request_id=c.request_id, token_id=t) for c, t in zip(batch.sampled, out)]
+            self.outbox.send(msg.origin, "ReturnTokens",
+                             stage_pb2.SampledTokens(micro_batch_id=msg.micro_batch_id, tokens=tokens))
+            return
+        data, shape, dtype = tensor_to_bytes(out)
+        nxt = stage_pb2.MicroBatch(micro_batch_id=msg.micro_batch_id, origin=msg.origin, route=list(msg.route[1:]),
+                                   sequences=msg.sequences,
+                                   hidden=common_pb2.Tensor(data=data, shape=shape, dtype=dtype))
+        self.outbox.send(msg.route[0], "Forward", nxt, on_error=report)
