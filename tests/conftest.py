@@ -6,8 +6,11 @@ import shutil
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
+
+from shardline.tiny import make_tiny_hf_model
 
 
 def free_port() -> int:
@@ -41,3 +44,18 @@ def redis_server():
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory):
+    """`tiny_hf(family="llama", **make_tiny_hf_model_kwargs) -> Path`, built once per session per
+    distinct arguments; treat the directory as read-only."""
+    cache: dict[str, Path] = {}
+
+    def make(family: str = "llama", **kwargs) -> Path:
+        key = repr((family, sorted(kwargs.items())))
+        if key not in cache:
+            cache[key] = make_tiny_hf_model(tmp_path_factory.mktemp(f"hf-{family}"), family, **kwargs)
+        return cache[key]
+
+    return make
