@@ -110,12 +110,25 @@ def make_tiny_hf_model(out_dir: str | Path, family: str = "llama", *, seed: int 
                 p.add_(torch.randn_like(p) * 0.05)
 
     save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
-    model.save_pretrained(out, **save_kwargs)
+    _save_quietly(model, out, **save_kwargs)
     if weights_format == "bin":
         for f in out.glob("model*.safetensors*"):
             f.unlink()
         torch.save(model.state_dict(), out / "pytorch_model.bin")
     return out
+
+
+def _save_quietly(model, out: Path, **kwargs: Any) -> None:
+    """save_pretrained without its progress bar on stderr (restoring the caller's setting)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out, **kwargs)
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def write_tiny_tokenizer(out_dir: Path, vocab_size: int, max_length: int = 256) -> int:
