@@ -16,7 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pp", type=int, default=1, help="pipeline stages (default 1)")
     # Validated by convert() rather than argparse `choices`, so a bad value gets the same
     # one-line error as every other bad input.
-    parser.add_argument("--dtype", default="bf16", help=f"weight and activation dtype: {', '.join(DTYPES)} (default bf16)")
+    parser.add_argument("--dtype", default="bf16",
+                        help=f"weight and activation dtype: {', '.join(DTYPES)} (default bf16)")
     parser.add_argument("--int8-weight-only", action="store_true",
                         help="store *_proj weights as int8 with per-output-channel scales")
     parser.add_argument("--stage-layers", default=None,

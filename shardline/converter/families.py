@@ -32,6 +32,7 @@ class HFNames:
     up: str
     down: str
     conv1d: bool = False  # linears stored [in, out] (GPT-2 Conv1D)
+    interleaved_rotary: bool = False  # rotary pairs (2j, 2j+1) in q/k rows (GPT-J)
 
     @property
     def fused_qkv(self) -> bool:
@@ -52,7 +53,8 @@ FAMILY_NAMES = {
         input_norm="transformer.h.{i}.ln_1", post_attention_norm=None,
         q="transformer.h.{i}.attn.q_proj", k="transformer.h.{i}.attn.k_proj",
         v="transformer.h.{i}.attn.v_proj", o="transformer.h.{i}.attn.out_proj",
-        gate=None, up="transformer.h.{i}.mlp.fc_in", down="transformer.h.{i}.mlp.fc_out"),
+        gate=None, up="transformer.h.{i}.mlp.fc_in", down="transformer.h.{i}.mlp.fc_out",
+        interleaved_rotary=True),
     "gpt2": HFNames(
         embed="transformer.wte", positions="transformer.wpe", final_norm="transformer.ln_f",
         lm_head="lm_head", input_norm="transformer.h.{i}.ln_1",
@@ -116,8 +118,10 @@ def _layer(cfg: ModelConfig, names: HFNames, i: int, tp: int, rank: int) -> list
     kv_rows = (rank * nkv * hd, (rank + 1) * nkv * hd)
     mlp_rows = (rank * mlp, (rank + 1) * mlp)
     conv1d = names.conv1d
-    n = lambda template: template.format(i=i)  # noqa: E731
-    out_name = f"layers.{i}."
+    prefix = f"layers.{i}."
+
+    def n(template: str) -> str:
+        return template.format(i=i)
 
     # q, k, v: (source, row offset of this projection inside it, source rows, rank's rows).
     if names.fused_qkv:
@@ -128,7 +132,7 @@ def _layer(cfg: ModelConfig, names: HFNames, i: int, tp: int, rank: int) -> list
         qkv = [(n(names.q), 0, q_size, q_rows), (n(names.k), 0, kv_size, kv_rows),
                (n(names.v), 0, kv_size, kv_rows)]
     # GPT-J rotates interleaved pairs; reorder q and k rows per head to rotate-half layout.
-    permute = cfg.architecture == "gptj" and cfg.rotary_dim > 0
+    permute = names.interleaved_rotary and cfg.rotary_dim > 0
     head_order = rotate_half_order(hd, cfg.rotary_dim)
 
     def qkv_pieces(suffix: str) -> tuple[Piece, ...]:
@@ -142,23 +146,25 @@ def _layer(cfg: ModelConfig, names: HFNames, i: int, tp: int, rank: int) -> list
                                 conv1d=conv1d and suffix == ".weight", row_order=order))
         return tuple(pieces)
 
-    plan = _norm(out_name + "input_norm", n(names.input_norm), cfg)
-    plan.append(OutTensor(out_name + "qkv_proj.weight", qkv_pieces(".weight")))
+    plan = _norm(prefix + "input_norm", n(names.input_norm), cfg)
+    plan.append(OutTensor(prefix + "qkv_proj.weight", qkv_pieces(".weight")))
     if cfg.qkv_bias:
-        plan.append(OutTensor(out_name + "qkv_proj.bias", qkv_pieces(".bias")))
-    plan.append(OutTensor(out_name + "o_proj.weight", (cols(n(names.o) + ".weight", (H, q_size), *q_rows, conv1d),)))
+        plan.append(OutTensor(prefix + "qkv_proj.bias", qkv_pieces(".bias")))
+    o_weight = cols(n(names.o) + ".weight", (H, q_size), *q_rows, conv1d)
+    plan.append(OutTensor(prefix + "o_proj.weight", (o_weight,)))
     if cfg.o_bias:
-        plan.append(OutTensor(out_name + "o_proj.bias", (whole(n(names.o) + ".bias", (H,)),)))
+        plan.append(OutTensor(prefix + "o_proj.bias", (whole(n(names.o) + ".bias", (H,)),)))
     if names.post_attention_norm:
-        plan += _norm(out_name + "post_attention_norm", n(names.post_attention_norm), cfg)
+        plan += _norm(prefix + "post_attention_norm", n(names.post_attention_norm), cfg)
 
     up = "gate_up_proj" if names.gate else "up_proj"
     sources = [n(names.gate), n(names.up)] if names.gate else [n(names.up)]
-    plan.append(OutTensor(f"{out_name}{up}.weight",
+    plan.append(OutTensor(f"{prefix}{up}.weight",
                           tuple(rows(s + ".weight", (I, H), *mlp_rows, conv1d) for s in sources)))
     if cfg.mlp_bias:
-        plan.append(OutTensor(f"{out_name}{up}.bias", tuple(rows(s + ".bias", (I,), *mlp_rows) for s in sources)))
-    plan.append(OutTensor(out_name + "down_proj.weight", (cols(n(names.down) + ".weight", (H, I), *mlp_rows, conv1d),)))
+        plan.append(OutTensor(f"{prefix}{up}.bias", tuple(rows(s + ".bias", (I,), *mlp_rows) for s in sources)))
+    down_weight = cols(n(names.down) + ".weight", (H, I), *mlp_rows, conv1d)
+    plan.append(OutTensor(prefix + "down_proj.weight", (down_weight,)))
     if cfg.mlp_bias:
-        plan.append(OutTensor(out_name + "down_proj.bias", (whole(n(names.down) + ".bias", (H,)),)))
+        plan.append(OutTensor(prefix + "down_proj.bias", (whole(n(names.down) + ".bias", (H,)),)))
     return plan
