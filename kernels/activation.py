@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from ._dispatch import use_triton
+
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)  # (T, I) each
@@ -17,5 +19,15 @@ def gelu_tanh_ref(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
-silu_and_mul = silu_and_mul_ref
-gelu_tanh = gelu_tanh_ref
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if use_triton(x):
+        from .triton_activation import silu_and_mul_triton
+        return silu_and_mul_triton(x)
+    return silu_and_mul_ref(x)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    if use_triton(x):
+        from .triton_activation import gelu_tanh_triton
+        return gelu_tanh_triton(x)
+    return gelu_tanh_ref(x)

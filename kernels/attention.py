@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from ._dispatch import use_triton
+
 
 def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
@@ -53,5 +55,28 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     return out
 
 
-write_kv = write_kv_ref
-paged_attention = paged_attention_ref
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """On the GPU, slots < 0 are skipped (padding rows of a captured batch)."""
+    if use_triton(k):
+        from .triton_attention import write_kv_triton
+        return write_kv_triton(k, v, k_cache, v_cache, slot_mapping)
+    return write_kv_ref(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                    query_start_loc: torch.Tensor, scale: float, *,
+                    max_query_len: int | None = None,
+                    max_seq_len: int | None = None) -> torch.Tensor:
+    """On the GPU: never reads device values on the host, so it can be captured in a CUDA graph.
+
+    Optional host-side hints, both safe to leave out: `max_query_len == 1` picks the decode kernel
+    (without it, the decode kernel runs when T equals the number of sequences); `max_seq_len`
+    bounds the context for choosing the decode split count (default: the block table's width).
+    """
+    if use_triton(q):
+        from .triton_attention import paged_attention_triton
+        return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                                      scale, max_query_len=max_query_len, max_seq_len=max_seq_len)
+    return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from ._dispatch import use_triton
+
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -30,5 +32,17 @@ def layer_norm_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, ep
     return out.to(x.dtype), residual
 
 
-rms_norm = rms_norm_ref
-layer_norm = layer_norm_ref
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if use_triton(x):
+        from .triton_norm import rms_norm_triton
+        return rms_norm_triton(x, weight, eps, residual)
+    return rms_norm_ref(x, weight, eps, residual)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+               residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if use_triton(x):
+        from .triton_norm import layer_norm_triton
+        return layer_norm_triton(x, weight, bias, eps, residual)
+    return layer_norm_ref(x, weight, bias, eps, residual)

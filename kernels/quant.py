@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ._dispatch import use_triton
+
 
 def int8_linear_ref(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -24,4 +26,9 @@ def quantize_int8_ref(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale.to(w.dtype)
 
 
-int8_linear = int8_linear_ref
+def int8_linear(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    if use_triton(x):
+        from .triton_quant import int8_linear_triton
+        return int8_linear_triton(x, w_int8, scale, bias)
+    return int8_linear_ref(x, w_int8, scale, bias)

@@ -11,6 +11,9 @@ from typing import Any
 
 import torch
 
+from ._dispatch import use_triton
+from .attention import write_kv_ref
+
 
 def rotary_inv_freq(rotary_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
@@ -59,4 +62,33 @@ def apply_rotary_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     return rotate(q), rotate(k)
 
 
-apply_rotary = apply_rotary_ref
+def apply_rotary_and_write_kv_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                  positions: torch.Tensor, cos_sin: torch.Tensor, rotary_dim: int,
+                                  k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                  slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Rotate q and k, write the rotated k and v into their cache slots; returns the rotated q."""
+    q, k = apply_rotary_ref(q, k, positions, cos_sin, rotary_dim)
+    write_kv_ref(k, v, k_cache, v_cache, slot_mapping)
+    return q
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                 cos_sin: torch.Tensor, rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_triton(q):
+        from .triton_rotary import apply_rotary_triton
+        return apply_rotary_triton(q, k, positions, cos_sin, rotary_dim)
+    return apply_rotary_ref(q, k, positions, cos_sin, rotary_dim)
+
+
+def apply_rotary_and_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              positions: torch.Tensor, cos_sin: torch.Tensor, rotary_dim: int,
+                              k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              slot_mapping: torch.Tensor) -> torch.Tensor:
+    """One kernel on the GPU: the rotated k goes straight to the cache. Slots < 0 are skipped there
+    (padding rows of a captured batch); the reference requires every slot to be valid."""
+    if use_triton(q):
+        from .triton_rotary import apply_rotary_and_write_kv_triton
+        return apply_rotary_and_write_kv_triton(q, k, v, positions, cos_sin, rotary_dim,
+                                                k_cache, v_cache, slot_mapping)
+    return apply_rotary_and_write_kv_ref(q, k, v, positions, cos_sin, rotary_dim,
+                                         k_cache, v_cache, slot_mapping)

@@ -1,0 +1,53 @@
+"""Which implementation a public kernel op runs: the Triton kernel or the torch reference.
+
+The only place the kernels read the environment, once, at import:
+
+    SHARDLINE_DISABLE_TRITON=1   every op runs its `*_ref` (a debugging and bisecting switch)
+    TRITON_INTERPRET=1           Triton's own interpreter switch; with it, CPU tensors take the
+                                 Triton path too (slow; lets kernel tests run without a GPU)
+
+Triton is imported lazily and only when a CUDA (or interpreted) tensor arrives, so the CPU build
+never needs it; a CUDA machine without Triton quietly runs the references.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+TRITON_DISABLED = os.environ.get("SHARDLINE_DISABLE_TRITON", "0") not in ("", "0")
+TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """True when `x` should be handled by a Triton kernel rather than the reference."""
+    if TRITON_DISABLED or not (x.is_cuda or TRITON_INTERPRET):
+        return False
+    return triton_available()
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@functools.cache
+def num_sms(device_index: int) -> int:
+    if not torch.cuda.is_available():
+        return 132  # interpreter: pretend H200, only grid shapes depend on it
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(x: torch.Tensor) -> int:
+    return num_sms(x.device.index if x.is_cuda and x.device.index is not None else
+                   (torch.cuda.current_device() if x.is_cuda else -1))

@@ -1,0 +1,281 @@
+"""Triton KV-cache write and paged attention. Imported only when a CUDA tensor arrives.
+
+Layouts are attention.py's. Two attention kernels, both free of host synchronisation and launched
+on grids derived from tensor shapes alone, so a decode step can be captured in a CUDA graph:
+
+* `_decode_kernel`, one program per (query row, kv head, context split): the row's whole GQA group
+  of query heads shares each K/V tile read from the paged cache, softmax is online, and long
+  contexts are cut into NUM_SPLITS pieces whose partial results `_combine_kernel` merges (split-K,
+  "flash-decoding"). Each row finds its sequence by counting query_start_loc entries, so the kernel
+  is correct for any batch; it is fast when rows are single decode tokens.
+* `_prefill_kernel`, flash-attention tiled over (block of BLOCK_Q query tokens x the group's heads)
+  and BLOCK_N keys, causal, for batches holding prefill chunks. A sequence's query blocks are
+  numbered from query_start_loc[b] // BLOCK_Q + b, which never overlap, so the grid is
+  cdiv(T, BLOCK_Q) + B programs and the extra ones return at once.
+
+Softmax runs in the exp2 domain (scale folded with log2 e), accumulation in fp32.
+"""
+
+from __future__ import annotations
+
+
+import torch
+import triton
+import triton.language as tl
+
+from ._dispatch import next_pow2, sm_count
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+                     stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_c_slot, stride_c_h,
+                     n_kv_heads, HEAD_DIM: tl.constexpr, HEADS_P2: tl.constexpr,
+                     HEAD_DIM_P2: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot < 0:  # padding row of a captured batch
+        return
+    heads = tl.arange(0, HEADS_P2)[:, None]
+    dims = tl.arange(0, HEAD_DIM_P2)[None, :]
+    mask = (heads < n_kv_heads) & (dims < HEAD_DIM)
+    dst = slot * stride_c_slot + heads * stride_c_h + dims
+    k = tl.load(k_ptr + t * stride_k_t + heads * stride_k_h + dims, mask=mask)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    v = tl.load(v_ptr + t * stride_v_t + heads * stride_v_h + dims, mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def write_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
+    T, nkv, hd = k.shape
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    v = v if v.stride(-1) == 1 else v.contiguous()
+    kc, vc = k_cache.view(-1, nkv, hd), v_cache.view(-1, nkv, hd)  # (slots, nkv, hd)
+    assert kc.stride() == vc.stride(), "k_cache and v_cache must share one layout"
+    if T:
+        _write_kv_kernel[(T,)](k, v, kc, vc, slot_mapping, k.stride(0), k.stride(1), v.stride(0),
+                               v.stride(1), kc.stride(0), kc.stride(1), nkv, HEAD_DIM=hd,
+                               HEADS_P2=next_pow2(nkv), HEAD_DIM_P2=next_pow2(hd), num_warps=4)
+
+
+@triton.jit
+def _load_kv_tile(cache_ptr, bt_row_ptr, offs_n, mask_n, dims, dmask, kvh,
+                  stride_blk, stride_tok, stride_h, BLOCK_SIZE: tl.constexpr):
+    """[BLOCK_N, HEAD_DIM_P2] tile of one kv head for the sequence positions offs_n."""
+    blk = tl.load(bt_row_ptr + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
+    base = blk * stride_blk + (offs_n % BLOCK_SIZE) * stride_tok + kvh * stride_h
+    return tl.load(cache_ptr + base[:, None] + dims[None, :],
+                   mask=mask_n[:, None] & dmask[None, :], other=0.0)
+
+
+@triton.jit
+def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
+                   part_out_ptr, part_lse_ptr, scale_log2, num_seqs, num_heads,
+                   stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
+                   stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
+                   GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                   NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    row = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    # The row's sequence: the last b with query_start_loc[b] <= row.
+    seqs = tl.arange(0, SEQS_P2)
+    starts = tl.load(qsl_ptr + seqs, mask=seqs < num_seqs, other=2147483647)
+    b = tl.maximum(tl.sum((starts <= row).to(tl.int32), axis=0) - 1, 0)
+    q_start = tl.load(qsl_ptr + b)
+    q_end = tl.load(qsl_ptr + b + 1)
+    seq_len = tl.load(seq_lens_ptr + b)
+    # Causal: this row sees keys [0, kv_len). Rows past the last sequence see none (output 0).
+    kv_len = tl.minimum(seq_len - (q_end - q_start) + (row - q_start) + 1, seq_len)
+    kv_len = tl.where(row < q_end, tl.maximum(kv_len, 0), 0)
+    per_split = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, kv_len)
+
+    g = tl.arange(0, GROUP_P2)
+    d = tl.arange(0, HEAD_DIM_P2)
+    gmask = g < GROUP
+    dmask = d < HEAD_DIM
+    heads = kvh * GROUP + g
+    row64 = row.to(tl.int64)
+    q = tl.load(q_ptr + row64 * stride_q_t + heads[:, None] * stride_q_h + d[None, :],
+                mask=gmask[:, None] & dmask[None, :], other=0.0)  # (G, D)
+    m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_P2], tl.float32)
+    acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < hi
+        k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
+                          stride_k_blk, stride_k_tok, stride_k_h, BLOCK_SIZE)  # (N, D)
+        v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
+                          stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2  # (G, N)
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
+                                            input_precision=DOT_PRECISION)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # an empty split leaves zeros
+    omask = gmask[:, None] & dmask[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + row64 * stride_o_t + heads[:, None] * stride_o_h + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=omask)
+    else:
+        part = (row64 * num_heads + heads) * NUM_SPLITS + split  # (G,)
+        tl.store(part_out_ptr + part[:, None] * HEAD_DIM_P2 + d[None, :], out, mask=omask)
+        tl.store(part_lse_ptr + part, m_i + tl.log2(l_i), mask=gmask)  # -inf when empty
+
+
+@triton.jit
+def _combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_heads, stride_o_t, stride_o_h,
+                    HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, NUM_SPLITS)
+    d = tl.arange(0, HEAD_DIM_P2)
+    part = (row * num_heads + h) * NUM_SPLITS + s
+    lse = tl.load(part_lse_ptr + part)
+    m = tl.max(lse, axis=0)
+    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # empty splits weigh 0
+    o = tl.load(part_out_ptr + part[:, None] * HEAD_DIM_P2 + d[None, :])
+    denom = tl.sum(w, axis=0)
+    out = tl.sum(w[:, None] * o, axis=0) / tl.where(denom > 0, denom, 1.0)
+    tl.store(out_ptr + row * stride_o_t + h * stride_o_h + d, out.to(out_ptr.dtype.element_ty),
+             mask=d < HEAD_DIM)
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
+                    scale_log2, num_seqs,
+                    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
+                    stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
+                    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr,
+                    BLOCK_N: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_P2
+    qb = tl.program_id(0)
+    kvh = tl.program_id(1)
+    seqs = tl.arange(0, SEQS_P2)
+    starts = tl.load(qsl_ptr + seqs, mask=seqs < num_seqs, other=2147483647)
+    first_block = tl.where(seqs < num_seqs, starts // BLOCK_Q + seqs, 2147483647)
+    b = tl.maximum(tl.sum((first_block <= qb).to(tl.int32), axis=0) - 1, 0)
+    q_start = tl.load(qsl_ptr + b)
+    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    j = qb - (q_start // BLOCK_Q + b)  # this program's query block within sequence b
+    if j * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + b)
+    ctx_len = seq_len - q_len
+
+    m = tl.arange(0, BLOCK_M)
+    tok = j * BLOCK_Q + m // GROUP_P2  # query token within the chunk, (M,)
+    g = m % GROUP_P2
+    d = tl.arange(0, HEAD_DIM_P2)
+    dmask = d < HEAD_DIM
+    row_mask = (tok < q_len) & (g < GROUP)
+    heads = kvh * GROUP + g
+    rows = (q_start + tok).to(tl.int64)
+    q = tl.load(q_ptr + rows[:, None] * stride_q_t + heads[:, None] * stride_q_h + d[None, :],
+                mask=row_mask[:, None] & dmask[None, :], other=0.0)  # (M, D)
+    q_pos = ctx_len + tok
+    kv_end = tl.minimum(seq_len, ctx_len + tl.minimum((j + 1) * BLOCK_Q, q_len))
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P2], tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    for n0 in range(0, kv_end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < kv_end
+        k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
+                          stride_k_blk, stride_k_tok, stride_k_h, BLOCK_SIZE)
+        v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
+                          stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2  # (M, N)
+        visible = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # key 0 is visible to every row: finite
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
+                                            input_precision=DOT_PRECISION)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + rows[:, None] * stride_o_t + heads[:, None] * stride_o_h + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dmask[None, :])
+
+
+def _num_splits(num_programs: int, max_ctx: int, num_sms: int, min_tokens: int = 128) -> int:
+    """Context splits per (row, kv head): enough programs to fill the GPU twice over, while each
+    split still holds min_tokens of the longest possible context. A power of two, at most 64."""
+    splits = 1
+    while (num_programs * splits < 2 * num_sms and splits < 64
+           and max_ctx >= 2 * splits * min_tokens):
+        splits *= 2
+    return splits
+
+
+def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
+    assert cache.stride(-1) == 1, "the KV cache's head_dim must be contiguous"
+    return cache.stride(0), cache.stride(1), cache.stride(2)
+
+
+def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, *,
+                           max_query_len: int | None = None, max_seq_len: int | None = None,
+                           decode_block_n: int = 64, prefill_config: dict | None = None,
+                           num_splits: int | None = None):
+    T, nh, hd = q.shape
+    block_size, nkv = k_cache.shape[1], k_cache.shape[2]
+    B = block_tables.shape[0]
+    group = nh // nkv
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    out = torch.empty((T, nh, hd), dtype=q.dtype, device=q.device)
+    if T == 0 or B == 0:
+        return out
+    common = dict(HEAD_DIM=hd, HEAD_DIM_P2=max(next_pow2(hd), 16), BLOCK_SIZE=block_size,
+                  SEQS_P2=next_pow2(B), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    strides = (q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+               *_cache_strides(k_cache), *_cache_strides(v_cache))
+    scale_log2 = scale * _LOG2E
+    is_decode = max_query_len == 1 if max_query_len is not None else T == B
+    if is_decode:
+        max_ctx = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
+        splits = num_splits or _num_splits(T * nkv, max_ctx, sm_count(q))
+        hd_p2 = common["HEAD_DIM_P2"]
+        if splits > 1:
+            part_out = torch.empty((T, nh, splits, hd_p2), dtype=torch.float32, device=q.device)
+            part_lse = torch.empty((T, nh, splits), dtype=torch.float32, device=q.device)
+        else:
+            part_out = part_lse = out  # unused
+        _decode_kernel[(T, nkv, splits)](
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
+            scale_log2, B, nh, *strides, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
+            BLOCK_N=decode_block_n, NUM_SPLITS=splits, num_warps=4, num_stages=2, **common)
+        if splits > 1:
+            _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
+                                     HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4)
+        return out
+    cfg = prefill_config or _prefill_config(T, hd, group)
+    block_q = max(cfg["BLOCK_M"] // next_pow2(group), 1)
+    grid = (triton.cdiv(T, block_q) + B, nkv)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale_log2, B, *strides,
+        GROUP=group, GROUP_P2=next_pow2(group), BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
+    return out
+
+
+def _prefill_config(T: int, hd: int, group: int) -> dict:
+    if hd > 128:
+        return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+    if T >= 1024:
+        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+    return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)

@@ -1,0 +1,39 @@
+"""Helpers shared by the kernel tests (a plain module, so its name cannot clash with another conftest)."""
+
+from __future__ import annotations
+
+import torch
+
+# ||out - ref|| / ||ref|| allowed for a Triton kernel vs its reference, by dtype.
+REL_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, what: str, tol: float | None = None) -> None:
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    assert out.dtype == ref.dtype, f"{what}: dtype {out.dtype} != reference {ref.dtype}"
+    assert torch.isfinite(out).all(), f"{what}: non-finite values (an unwritten or NaN output)"
+    err = rel_err(out, ref)
+    tol = REL_TOL[ref.dtype] if tol is None else tol
+    assert err <= tol, f"{what}: relative error {err:.2e} > {tol:.0e} against the reference"
+
+
+def assert_exact(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    """Bit-exact on the GPU. Triton's interpreter truncates fp32 -> bf16 instead of rounding to
+    nearest, so interpreted bf16 results may differ by one ulp there."""
+    if out.is_cuda or out.dtype != torch.bfloat16:
+        assert torch.equal(out, ref), f"{what}: not bit-identical to the reference"
+    else:
+        assert_close(out, ref, what)
+
+
+def poison_allocator(*like: torch.Tensor) -> None:
+    """Free NaN-filled blocks of these sizes, so that the caching allocator hands one to the next
+    output of that size: an element the kernel fails to write then reads NaN, not a stale value."""
+    for t in like:
+        del_me = torch.full_like(t, float("nan"))
+        del del_me
