@@ -1,0 +1,262 @@
+"""One request's life after it is accepted: queue -> route -> stage-0 stream -> detokenize -> deltas.
+
+Failover: when the stage-0 stream breaks before the sequence finishes (UNAVAILABLE, a stream that
+ends without a finish event, an error event, or a route replica vanishing from the registry), the
+request is resubmitted on a new route with generated_token_ids = the tokens received so far. The
+worker recomputes them and continues; TokenEvent.index lets us drop anything it sends twice, so
+the client sees no gap and no duplicate. Sampling is a function of (seed, position), so a resumed
+sequence continues exactly as the first route would have.
+
+The detokenizer stream lives as long as the request, across routes: the text it holds back
+(incomplete UTF-8, a possible stop string) survives a failover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import grpc
+
+from shardline.sampling import SamplingParams
+from shardline.v1 import common_pb2
+
+from . import records
+from .errors import Cancelled, GatewayError, Internal, InvalidArgument, Unavailable
+from .routing import Route
+
+if TYPE_CHECKING:
+    from .service import Gateway
+
+log = logging.getLogger("shardline.gateway")
+
+# Stage-0 failures after which the request is resumed elsewhere; any other status is final.
+RESUMABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
+                   grpc.StatusCode.INTERNAL, grpc.StatusCode.ABORTED, grpc.StatusCode.DEADLINE_EXCEEDED)
+FINISH_REASONS = {common_pb2.FINISH_REASON_LENGTH: "LENGTH", common_pb2.FINISH_REASON_STOP: "STOP",
+                  common_pb2.FINISH_REASON_CANCELLED: "CANCELLED", common_pb2.FINISH_REASON_ERROR: "ERROR"}
+
+
+@dataclass
+class Chunk:
+    text: str
+    token_ids: list[int]
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class Timings:
+    queue_s: float = 0.0
+    time_to_first_token_s: float = 0.0
+    total_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
+
+
+@dataclass
+class Complete:
+    finish_reason: str  # "LENGTH" | "STOP" | "CANCELLED"
+    matched_stop: str
+    usage: Usage
+    timings: Timings
+
+
+class RouteBroken(Exception):
+    """The current route cannot continue the sequence; resume it on another."""
+
+
+@dataclass
+class Generation:
+    gateway: "Gateway"
+    request_id: str
+    model: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    stop: list[str]
+    eos_token_ids: tuple[int, ...]
+    queued_at: float  # unix time
+    generated: list[int] = field(default_factory=list)
+    route: Route | None = None
+    num_resumes: int = 0
+    first_token_at: float = 0.0  # unix time of the first generated token; 0 = none yet
+    _task: asyncio.Task | None = None
+    _call: object | None = None  # the stage-0 Generate call in progress
+    _cancel_requested: bool = False
+    _broken_reason: str = ""
+
+    # -- control from outside (Cancel RPC, registry watchdog) ---------------------------------------
+
+    def cancel(self) -> None:
+        """Cancel wherever the request is (queued, waiting for a route, streaming)."""
+        if not self._cancel_requested:
+            self._cancel_requested = True
+            if self._task is not None and self._task is not asyncio.current_task():
+                self._task.cancel()
+
+    def route_vanished(self, address: str) -> None:
+        """A replica of the current route left the registry: break the stream, resume elsewhere."""
+        if self._call is not None and not self._broken_reason:
+            self._broken_reason = f"replica {address} vanished from the registry"
+            self._call.cancel()
+
+    # -- the request --------------------------------------------------------------------------------
+
+    async def events(self) -> AsyncIterator[Chunk | Complete]:
+        """Chunks, then one Complete. Raises GatewayError on failure; closing the iterator (client
+        gone) cancels the request downstream."""
+        gw = self.gateway
+        self._task = asyncio.current_task()
+        detok = gw.tokenizer(self.model).detokenizer(
+            self.stop, self.prompt_token_ids[-gw.config.detokenize_prefix_tokens:])
+        state, reason, error, matched_stop = records.FAILED, "ERROR", "", ""
+        slot = None
+        try:
+            if self._cancel_requested:
+                raise asyncio.CancelledError
+            slot = await gw.admission.acquire()
+            finish = ""
+            while not finish:
+                try:
+                    async with aclosing(self._stream_from_a_route()) as stream:
+                        async for token_id, finish in stream:
+                            if token_id is None:
+                                continue
+                            response = await detok.push([token_id])
+                            yield Chunk(response.text, [token_id])
+                            if response.finished:  # a stop string matched: the worker need not go on
+                                finish, matched_stop = "STOP", response.matched_stop
+                                break
+                except RouteBroken as e:
+                    await self._resume_or_fail(str(e))
+            flush = await detok.finish()
+            if flush is not None and (flush.text or flush.matched_stop):
+                matched_stop = matched_stop or flush.matched_stop
+                yield Chunk(flush.text, [])
+            state = records.CANCELLED if finish == "CANCELLED" else records.FINISHED
+            reason = finish
+            yield self._complete(reason, matched_stop)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not (self._cancel_requested and task.uncancel() == 0):
+                state, reason, error = records.CANCELLED, "CANCELLED", "the client went away"
+                raise  # the consumer is gone (client disconnect): cleanup below, then propagate
+            state, reason, error = records.CANCELLED, "CANCELLED", "cancelled by request"
+            yield self._complete("CANCELLED", "")
+        except GeneratorExit:
+            state, reason, error = records.CANCELLED, "CANCELLED", "the client went away"
+            raise
+        except GatewayError as e:
+            error = e.message
+            raise
+        except Exception as e:
+            log.exception("request %s failed", self.request_id)
+            error = f"internal error: {e}"
+            raise Internal(f"request {self.request_id} failed inside the gateway: {e}") from e
+        finally:
+            self._cancel_stage0()
+            detok.close()
+            if slot is not None:
+                slot.release()
+            await gw._finished(self, state, reason, error)
+
+    async def _stream_from_a_route(self) -> AsyncIterator[tuple[int | None, str]]:
+        """(token id, finish reason or "") pairs from one route: new tokens only, in index order.
+
+        Raises RouteBroken when the route fails before the sequence finishes.
+        """
+        gw = self.gateway
+        if self._finished_already():
+            yield None, self._finished_already()
+            return
+        self.route = await gw.wait_for_route(self.model, self.request_id)
+        self._broken_reason = ""
+        await gw.records.running(self.request_id, self.route.addresses, self.num_resumes)
+        self._call = gw.stages.generate(self.route.addresses[0], self.request_id, self.prompt_token_ids,
+                                        self.sampling, self.route.downstream, list(self.generated))
+        try:
+            async for event in self._call:
+                finish = FINISH_REASONS.get(event.finish_reason, "")
+                if finish == "ERROR":
+                    raise RouteBroken(f"stage 0 at {self.route.addresses[0]} reported: {event.error}")
+                token_id = None
+                if event.HasField("token_id"):
+                    if event.index < len(self.generated):
+                        continue  # already delivered before a resume
+                    if event.index > len(self.generated):
+                        raise RouteBroken(f"stage 0 skipped tokens {len(self.generated)}..{event.index - 1}")
+                    token_id = event.token_id
+                    await self._record_token(token_id)
+                if token_id is not None or finish:
+                    yield token_id, finish
+                if finish:
+                    return
+            raise RouteBroken(f"stage 0 at {self.route.addresses[0]} ended the stream before the sequence finished")
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():
+                raise  # our task is being cancelled, not just the call
+            raise RouteBroken(self._broken_reason or "the stage-0 call was cancelled")
+        except grpc.aio.AioRpcError as e:
+            if e.code() in RESUMABLE_CODES:
+                raise RouteBroken(f"stage 0 at {self.route.addresses[0]}: {e.code().name}: {e.details()}")
+            if e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
+                raise InvalidArgument(f"stage 0 rejected the request: {e.details()}")
+            raise Internal(f"stage 0 at {self.route.addresses[0]} failed: {e.code().name}: {e.details()}")
+        finally:
+            self._cancel_stage0()
+
+    def _finished_already(self) -> str:
+        """A resume is pointless when the tokens so far already end the sequence."""
+        if self.generated and not self.sampling.ignore_eos and \
+                self.generated[-1] in (*self.eos_token_ids, *self.sampling.stop_token_ids):
+            return "STOP"
+        if len(self.generated) >= self.sampling.max_tokens:
+            return "LENGTH"
+        return ""
+
+    async def _resume_or_fail(self, why: str) -> None:
+        gw = self.gateway
+        self.num_resumes += 1
+        log.warning("request %s: route %s broke after %d tokens (%s); resume %d/%d", self.request_id,
+                    self.route.addresses if self.route else [], len(self.generated), why, self.num_resumes,
+                    gw.config.max_resumes)
+        if self.route is not None:
+            await gw.route_broke(self.route, self.request_id)
+        if self.num_resumes > gw.config.max_resumes:
+            raise Unavailable(f"request {self.request_id} failed after {self.num_resumes - 1} resumes; last "
+                              f"failure: {why}")
+
+    async def _record_token(self, token_id: int) -> None:
+        first_token_at = None
+        if not self.generated:
+            first_token_at = self.first_token_at = time.time()
+        self.generated.append(token_id)
+        await self.gateway.records.append_tokens(self.request_id, [token_id], len(self.generated), first_token_at)
+
+    def _cancel_stage0(self) -> None:
+        call, self._call = self._call, None
+        if call is not None and not call.done():
+            call.cancel()
+
+    def _complete(self, reason: str, matched_stop: str) -> Complete:
+        now = time.time()
+        ttft = self.first_token_at - self.queued_at if self.first_token_at else 0.0
+        total = now - self.queued_at
+        admitted = self.gateway.admitted_at.get(self.request_id, 0.0)
+        n = len(self.generated)
+        decode = (n - 1) / (total - ttft) if n > 1 and total > ttft else 0.0
+        return Complete(reason, matched_stop, Usage(len(self.prompt_token_ids), n),
+                        Timings(queue_s=max(0.0, admitted - self.queued_at) if admitted else 0.0,
+                                time_to_first_token_s=ttft, total_s=total, decode_tokens_per_s=decode))
