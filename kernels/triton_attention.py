@@ -275,7 +275,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
 
 def _prefill_config(T: int, hd: int, group: int) -> dict:
     if hd > 128:
-        return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+        return dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2)
     if T >= 1024:
         return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
     return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)

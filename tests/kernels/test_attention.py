@@ -1,0 +1,201 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_testing import assert_close, assert_exact, poison_allocator, skip_interpreted_bf16_dot
+from shardline.kernels import _dispatch
+from shardline.kernels.attention import paged_attention, paged_attention_ref, write_kv, write_kv_ref
+
+
+def make_paged_batch(seqs, num_heads, num_kv_heads, head_dim, block_size=16, dtype=torch.float32,
+                     device="cpu", extra_blocks=3):
+    """A ragged batch over a paged cache with shuffled blocks.
+
+    seqs: (context already cached, new query tokens) per sequence. Returns q and the keyword
+    arguments of paged_attention; the cache holds every sequence's context + query k/v.
+    """
+    seq_lens = [c + n for c, n in seqs]
+    blocks_per_seq = [-(-s // block_size) for s in seq_lens]
+    max_blocks = max(max(blocks_per_seq), 1) + 1
+    num_blocks = sum(blocks_per_seq) + extra_blocks
+    perm = torch.randperm(num_blocks).tolist()
+    block_tables = torch.zeros(len(seqs), max_blocks, dtype=torch.int32)
+    for b, n in enumerate(blocks_per_seq):
+        block_tables[b, :n] = torch.tensor([perm.pop() for _ in range(n)], dtype=torch.int32)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    q_lens = [n for _, n in seqs]
+    query_start_loc = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    q = torch.randn(sum(q_lens), num_heads, head_dim, dtype=dtype, device=device)
+    return q, dict(k_cache=torch.randn(shape, dtype=dtype, device=device),
+                   v_cache=torch.randn(shape, dtype=dtype, device=device),
+                   block_tables=block_tables.to(device),
+                   seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+                   query_start_loc=query_start_loc.to(device), scale=head_dim ** -0.5)
+
+
+def naive_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+    """Token by token, head by head, in float64: the definition in attention.py's docstring."""
+    block_size, nkv, hd = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    group = q.shape[1] // nkv
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for b in range(len(seq_lens)):
+        lo, hi, seq_len = int(query_start_loc[b]), int(query_start_loc[b + 1]), int(seq_lens[b])
+        for j, t in enumerate(range(lo, hi)):
+            pos = seq_len - (hi - lo) + j
+            for h in range(q.shape[1]):
+                keys, values = [], []
+                for p in range(pos + 1):
+                    blk, off = int(block_tables[b, p // block_size]), p % block_size
+                    keys.append(k_cache[blk, off, h // group].double())
+                    values.append(v_cache[blk, off, h // group].double())
+                scores = torch.stack(keys) @ q[t, h].double() * scale
+                out[t, h] = torch.softmax(scores, 0) @ torch.stack(values)
+    return out
+
+
+MIXED = [(0, 5), (10, 1), (17, 3), (0, 1), (33, 1), (3, 0), (15, 2)]
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(6, 2, 16), (4, 4, 64)])
+def test_paged_attention_ref_matches_naive(num_heads, num_kv_heads, head_dim):
+    q, kw = make_paged_batch(MIXED, num_heads, num_kv_heads, head_dim)
+    torch.testing.assert_close(paged_attention_ref(q, **kw).double(), naive_attention(q, **kw),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_write_kv_ref_matches_a_loop():
+    k, v = torch.randn(7, 2, 16), torch.randn(7, 2, 16)
+    kc, vc = torch.zeros(4, 16, 2, 16), torch.zeros(4, 16, 2, 16)
+    slots = torch.tensor([3, 60, 17, 16, 0, 33, 5])
+    write_kv_ref(k, v, kc, vc, slots)
+    for t, s in enumerate(slots.tolist()):
+        assert torch.equal(kc[s // 16, s % 16], k[t]) and torch.equal(vc[s // 16, s % 16], v[t])
+
+
+def test_public_names_run_the_reference_on_cpu():
+    q, kw = make_paged_batch(MIXED, 6, 2, 16)
+    if _dispatch.use_triton(q):
+        pytest.skip("TRITON_INTERPRET routes CPU tensors to Triton")
+    assert torch.equal(paged_attention(q, **kw), paged_attention_ref(q, **kw))
+
+
+def test_disable_env_var_is_read_at_import():
+    import subprocess
+    import sys
+    code = "from shardline.kernels import _dispatch, norm; import torch; " \
+           "assert _dispatch.TRITON_DISABLED and not _dispatch.use_triton(torch.zeros(1))"
+    env = {"SHARDLINE_DISABLE_TRITON": "1", "PATH": ""}
+    assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+HEADS = [(6, 2, 64), (32, 8, 128), (4, 4, 16), (16, 16, 256)]
+
+
+def _check(q, kw, what, **hints):
+    poison_allocator(q)
+    out = paged_attention(q, **kw, **hints)
+    assert_close(out, paged_attention_ref(q, **kw), what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", HEADS)
+def test_decode_triton(device, dtype, num_heads, num_kv_heads, head_dim):
+    skip_interpreted_bf16_dot(device, dtype)
+    ctx = [0, 14, 15, 16, 99, 300] if device == "cuda" else [0, 15, 40]
+    q, kw = make_paged_batch([(c, 1) for c in ctx], num_heads, num_kv_heads, head_dim, dtype=dtype,
+                             device=device)
+    _check(q, kw, "decode batch")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 2, 8, 64])
+def test_decode_split_k(device, num_splits):
+    from shardline.kernels.triton_attention import paged_attention_triton
+    ctx = [1000, 1, 250] if device == "cuda" else [200, 1]
+    q, kw = make_paged_batch([(c, 1) for c in ctx], 8, 2, 64, dtype=torch.float16, device=device)
+    out = paged_attention_triton(q, **kw, num_splits=num_splits)
+    assert_close(out, paged_attention_ref(q, **kw), f"decode with {num_splits} context splits")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", HEADS)
+def test_mixed_prefill_and_decode_triton(device, dtype, num_heads, num_kv_heads, head_dim):
+    skip_interpreted_bf16_dot(device, dtype)
+    seqs = MIXED + ([(0, 70), (40, 33), (200, 17)] if device == "cuda" else [(0, 20)])
+    q, kw = make_paged_batch(seqs, num_heads, num_kv_heads, head_dim, dtype=dtype, device=device)
+    _check(q, kw, "mixed prefill chunks and decode tokens")
+
+
+@pytest.mark.gpu
+def test_long_prefill_triton(device):
+    if device != "cuda":
+        pytest.skip("too slow interpreted")
+    q, kw = make_paged_batch([(0, 1100), (77, 300)], 32, 8, 128, dtype=torch.bfloat16, device=device)
+    _check(q, kw, "long prefill chunks")
+
+
+@pytest.mark.gpu
+def test_decode_kernel_handles_any_batch_when_told_decode(device):
+    """T == B picks the per-row kernel; it must stay right when a sequence has 2 rows, another 0."""
+    q, kw = make_paged_batch([(5, 2), (7, 0), (0, 1)], 6, 2, 16, device=device)
+    assert q.shape[0] == kw["seq_lens"].shape[0]
+    _check(q, kw, "per-row kernel on a batch with q_len 2 and 0")
+    _check(q, kw, "tiled kernel on that batch", max_query_len=2)
+
+
+@pytest.mark.gpu
+def test_decode_padding_row_with_empty_context_is_zero(device):
+    q, kw = make_paged_batch([(20, 1), (0, 0)], 6, 2, 16, device=device)
+    q = torch.cat([q, torch.randn_like(q)])  # row 1 belongs to sequence 1, which has no tokens
+    kw["query_start_loc"] = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)
+    out = paged_attention(q, **kw)
+    assert torch.equal(out[1], torch.zeros_like(out[1])), "a padding row must read as zeros, not NaN"
+    assert_close(out[:1], paged_attention_ref(q, **kw)[:1], "real row beside a padding row")
+
+
+@pytest.mark.gpu
+def test_decode_is_cuda_graph_capturable(device):
+    if device != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    q, kw = make_paged_batch([(50, 1), (300, 1), (7, 1)], 32, 8, 128, dtype=torch.bfloat16,
+                             device=device)
+    paged_attention(q, **kw)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = paged_attention(q, **kw)
+    # New step, same shapes: longer contexts, new queries, written into the captured buffers.
+    kw["seq_lens"].add_(5)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, paged_attention_ref(q, **kw), "decode replayed from a CUDA graph")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_triton(device, dtype):
+    T, nkv, hd = 7, 2, 64
+    qkv = torch.randn(T, 10 * hd, device=device, dtype=torch.float32)
+    k, v = qkv[:, 6 * hd:8 * hd].view(T, nkv, hd), qkv[:, 8 * hd:].view(T, nkv, hd)  # strided views
+    slots = torch.randperm(5 * 16, device=device)[:T]
+    caches = [torch.full((5, 16, nkv, hd), float("nan"), device=device, dtype=dtype) for _ in range(4)]
+    write_kv(k, v, caches[0], caches[1], slots)
+    write_kv_ref(k, v, caches[2], caches[3], slots)
+    for got, want in zip(caches[:2], caches[2:]):
+        written = ~want.isnan()
+        assert torch.equal(written, ~got.isnan()), "exactly the tokens' slots are written"
+        assert_exact(got[written], want[written], "k/v in the cache")
+
+
+@pytest.mark.gpu
+def test_write_kv_skips_negative_slots(device):
+    k = torch.randn(3, 2, 16, device=device)
+    kc = torch.full((2, 16, 2, 16), float("nan"), device=device)
+    vc = kc.clone()
+    write_kv(k, k, kc, vc, torch.tensor([4, -1, 9], device=device))
+    assert (~kc.view(-1, 2, 16).isnan().any(-1).any(-1)).sum() == 2

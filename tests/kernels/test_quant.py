@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_testing import assert_close, skip_interpreted_bf16_dot
+from shardline.kernels import _dispatch
+from shardline.kernels.quant import int8_linear, int8_linear_ref, quantize_int8_ref
+
+
+def test_int8_linear_ref_matches_float64():
+    x, w = torch.randn(7, 100, dtype=torch.float64), torch.randn(96, 100, dtype=torch.float64)
+    q, scale = quantize_int8_ref(w)
+    bias = torch.randn(96, dtype=torch.float64)
+    want = x @ (q.double() * scale[:, None]).T + bias
+    torch.testing.assert_close(int8_linear_ref(x, q, scale, bias), want)
+
+
+def test_quantize_int8_ref_round_trip_error_is_half_a_step():
+    w = torch.randn(96, 100)
+    q, scale = quantize_int8_ref(w)
+    assert q.dtype == torch.int8 and q.abs().max() <= 127
+    assert ((q.float() * scale[:, None] - w).abs() <= scale[:, None] / 2 + 1e-6).all()
+
+
+def test_public_name_runs_the_reference_on_cpu():
+    x, (q, s) = torch.randn(3, 32), quantize_int8_ref(torch.randn(16, 32))
+    if _dispatch.use_triton(x):
+        pytest.skip("TRITON_INTERPRET routes CPU tensors to Triton")
+    assert torch.equal(int8_linear(x, q, s), int8_linear_ref(x, q, s))
+
+
+def _problem(M, N, K, dtype, device, with_bias):
+    x = torch.randn(M, K, device=device, dtype=dtype)
+    q = torch.randint(-127, 128, (N, K), device=device, dtype=torch.int8)
+    scale = (torch.rand(N, device=device) * 0.02 + 0.001).to(dtype)
+    bias = torch.randn(N, device=device, dtype=dtype) if with_bias else None
+    return x, q, scale, bias
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M,N,K", [(1, 96, 64), (7, 100, 96), (16, 256, 100), (33, 96, 512),
+                                   (64, 200, 256), (100, 96, 64)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_int8_linear_triton(device, dtype, M, N, K, with_bias):
+    skip_interpreted_bf16_dot(device, dtype)
+    x, q, scale, bias = _problem(M, N, K, dtype, device, with_bias)
+    assert_close(int8_linear(x, q, scale, bias), int8_linear_ref(x, q, scale, bias), "int8_linear")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("w_mode", [0, 1])
+@pytest.mark.parametrize("block_n,block_k", [(16, 256), (32, 128), (64, 64)])
+def test_int8_linear_configs(device, w_mode, block_n, block_k):
+    from shardline.kernels.triton_quant import int8_linear_triton
+    skip_interpreted_bf16_dot(device, torch.bfloat16 if w_mode == 0 else torch.float16)
+    x, q, scale, bias = _problem(3, 200, 384, torch.bfloat16, device, True)
+    cfg = dict(BLOCK_N=block_n, BLOCK_K=block_k, W_MODE=w_mode, num_warps=4, num_stages=3)
+    assert_close(int8_linear_triton(x, q, scale, bias, config=cfg), int8_linear_ref(x, q, scale, bias),
+                 f"int8_linear config {cfg}")
+
+
+@pytest.mark.gpu
+def test_int8_linear_keeps_leading_dims(device):
+    x, q, scale, _ = _problem(6, 96, 64, torch.float32, device, False)
+    out = int8_linear(x.view(2, 3, 64), q, scale)
+    assert out.shape == (2, 3, 96)
+    assert_close(out.view(6, 96), int8_linear_ref(x, q, scale), "int8_linear on [2, 3, K]")
