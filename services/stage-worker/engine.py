@@ -18,12 +18,14 @@ import torch
 from safetensors import safe_open
 
 from shardline.config import ConfigError, EngineConfig
+from shardline.kernels._dispatch import TRITON_DISABLED
 from shardline.manifest import Manifest, sha256_file
 from shardline.model.transformer import StageModel, StepMetadata
 from shardline.parallel import TPGroup
 from shardline.sampling import sample
 from shardline.stage_worker.batch import StageBatch
 from shardline.stage_worker.block_manager import BlockManager, OutOfBlocks
+from shardline.stage_worker.cuda_graphs import CudaGraphRunner
 from shardline.stage_worker.kv_cache import KVCache, plan_num_blocks
 from shardline.wire import DTYPE_NAMES, DTYPES_BY_NAME, MODEL_DTYPES
 
@@ -47,8 +49,9 @@ def load_shard(model_dir: str | Path, manifest: Manifest, stage: int, rank: int,
 
 
 class StageEngine:
-    def __init__(self, model_dir: str | Path, stage: int, tp: TPGroup, config: EngineConfig,
-                 manifest: Manifest | None = None) -> None:
+    def __init__(self, model_dir: str | Path | None, stage: int, tp: TPGroup, config: EngineConfig,
+                 manifest: Manifest | None = None, weights: dict[str, torch.Tensor] | None = None) -> None:
+        """`weights` (with `manifest`) instead of a model directory: benchmarks on random weights."""
         self.manifest = manifest or Manifest.read(model_dir)
         if tp.size != self.manifest.tp:
             raise ConfigError(f"the model was converted for tp={self.manifest.tp}, but this group has "
@@ -62,7 +65,8 @@ class StageEngine:
         self.model_config = cfg
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
-        weights = load_shard(model_dir, self.manifest, stage, tp.rank, self.device, config.verify_checksums)
+        if weights is None:
+            weights = load_shard(model_dir, self.manifest, stage, tp.rank, self.device, config.verify_checksums)
         self.model = StageModel(cfg, tp, weights, self.spec.layer_start, self.spec.layer_end,
                                 self.is_first, self.is_last)
         self.dtype = MODEL_DTYPES[self.manifest.dtype]
@@ -73,6 +77,10 @@ class StageEngine:
                                 cfg.head_dim, self.dtype, self.device)
         self.kv_layers = self.kv_cache.layers()
         self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.graphs = None
+        if self.device.type == "cuda" and config.use_cuda_graphs and not TRITON_DISABLED:
+            self.graphs = CudaGraphRunner(self.model, self.kv_layers, config.max_num_seqs, self.max_model_len,
+                                          config.block_size)
         self.num_steps = 0
         self.num_tokens = 0
         self.busy_seconds = 0.0
@@ -103,6 +111,7 @@ class StageEngine:
         for rid in request_ids:
             self.block_manager.free(rid)
 
+    @torch.inference_mode()
     def execute(self, batch: StageBatch, inputs: torch.Tensor) -> torch.Tensor | list[int]:
         """Run one step on this rank. Raises OutOfBlocks/ConfigError before touching the cache."""
         started = time.perf_counter()
@@ -111,10 +120,14 @@ class StageEngine:
         if not batch.chunks:
             return [] if self.is_last else inputs
         meta = self._prepare(batch)
-        out = self.model.forward(inputs.to(self.device), meta, self.kv_layers)
-        if self.is_last and batch.return_logits:
-            pass  # meta.sample_rows covers every token; `out` is their logits
-        elif self.is_last:
+        out = None
+        if self.graphs is not None and meta.max_query_len == 1 and not batch.return_logits:
+            out = self.graphs.run(inputs, meta.positions, meta.slot_mapping, meta.block_tables, meta.seq_lens,
+                                  meta.max_seq_len)
+        if out is None:
+            meta = _to_device(meta, self.device)
+            out = self.model.forward(inputs.to(self.device), meta, self.kv_layers)
+        if self.is_last and not batch.return_logits:
             sampled = batch.sampled
             positions = torch.tensor([c.start_position + c.num_tokens for c in sampled])
             out = sample(out, [c.sampling for c in sampled], positions).tolist() if sampled else []
@@ -126,6 +139,7 @@ class StageEngine:
         return out
 
     def _prepare(self, batch: StageBatch) -> StepMetadata:
+        """Allocate the step's KV blocks and describe it (host tensors; see StepMetadata)."""
         bm = self.block_manager
         missing = 0
         for c in batch.chunks:
@@ -154,14 +168,15 @@ class StageEngine:
                 sample_rows.append(starts[-1] - 1)
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]
-        dev = self.device
         return StepMetadata(
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            block_tables=torch.tensor(padded, dtype=torch.int32),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32),
+            sample_rows=torch.tensor(sample_rows, dtype=torch.int64),
+            max_query_len=max(c.num_tokens for c in batch.chunks),
+            max_seq_len=max(seq_lens),
         )
 
     # -- introspection ----------------------------------------------------------------------------
@@ -172,6 +187,13 @@ class StageEngine:
                 "tp": self.tp.size, "num_blocks": bm.num_blocks, "free_blocks": bm.num_free_blocks,
                 "block_size": bm.block_size, "running": bm.request_ids, "steps": self.num_steps,
                 "tokens": self.num_tokens, "busy_seconds": self.busy_seconds}
+
+
+def _to_device(meta: StepMetadata, device: torch.device) -> StepMetadata:
+    if device.type == "cpu":
+        return meta
+    fields = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in vars(meta).items()}
+    return StepMetadata(**fields)
 
 
 def follow(tp: TPGroup, engines: dict[int, StageEngine]) -> None:

@@ -26,13 +26,16 @@ from shardline.wire import tensor_from_bytes, tensor_to_bytes
 
 
 class LocalPipeline:
-    def __init__(self, model_dir: str | Path, tp: TPGroup | None = None,
-                 config: EngineConfig | None = None) -> None:
+    def __init__(self, model_dir: str | Path | None, tp: TPGroup | None = None,
+                 config: EngineConfig | None = None, engines: list[StageEngine] | None = None) -> None:
+        """From a converted model directory, or from already-built `engines` (benchmarks)."""
         self.tp = tp or single_rank()
         self.config = config or EngineConfig()
-        self.manifest = Manifest.read(model_dir)
-        self.engines = [StageEngine(model_dir, s, self.tp, self.config, self.manifest)
-                        for s in range(self.manifest.pp)]
+        if engines is None:
+            manifest = Manifest.read(model_dir)
+            engines = [StageEngine(model_dir, s, self.tp, self.config, manifest) for s in range(manifest.pp)]
+        self.engines = engines
+        self.manifest = engines[0].manifest
         first = self.engines[0]
         self.scheduler = Scheduler(
             num_blocks=min(e.block_manager.num_blocks for e in self.engines),

@@ -30,6 +30,10 @@ class StepMetadata:
     seq_lens: torch.Tensor  # [B] int32, tokens in the cache after this step
     query_start_loc: torch.Tensor  # [B + 1] int32
     sample_rows: torch.Tensor  # [S] int64, rows of T whose next token is drawn (last stage)
+    # Host-side hints for kernel choice (never read from the device): 1 = every chunk is a
+    # decode token; max_seq_len bounds the split-K of decode attention (None: block-table width).
+    max_query_len: int | None = None
+    max_seq_len: int | None = None
 
 
 class Norm:
@@ -72,11 +76,14 @@ class DecoderLayer:
         q = qkv[:, :q_size].view(T, self.num_heads, hd)
         k = qkv[:, q_size:q_size + kv_size].view(T, self.num_kv_heads, hd)
         v = qkv[:, q_size + kv_size:].view(T, self.num_kv_heads, hd)
-        if self.cos_sin is not None:
-            q, k = rotary.apply_rotary(q, k, meta.positions, self.cos_sin, self.cfg.rotary_dim)
-        attention.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if self.cos_sin is not None:  # rotary fused with the cache write: rotated k goes straight there
+            q = rotary.apply_rotary_and_write_kv(q, k, v, meta.positions, self.cos_sin, self.cfg.rotary_dim,
+                                                 k_cache, v_cache, meta.slot_mapping)
+        else:
+            attention.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         o = attention.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                      meta.query_start_loc, self.scale)  # (T, nh, hd)
+                                      meta.query_start_loc, self.scale, max_query_len=meta.max_query_len,
+                                      max_seq_len=meta.max_seq_len)  # (T, nh, hd)
         return self.o_proj(o.reshape(T, q_size), add_bias=False)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:

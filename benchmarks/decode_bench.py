@@ -1,0 +1,178 @@
+"""Decode and prefill speed of the shardline engine on one GPU, beside its peers in the same run.
+
+    python benchmarks/decode_bench.py --batches 1,16,64,256 --peers .peers --out $OUT/decode.json
+
+Measures, on random bf16 weights of real model shapes (128-token prompts, 128 new tokens, the
+method of ../shared/peers/hf_decode.py: decode ms/step = (t(128 new) - t(1 new)) / 127):
+  - shardline engine (Triton kernels + CUDA graphs), Llama-3-8B shape, each batch size
+  - shardline int8 weight-only, batch 1; GPT-J-6B (KoGPT shape), batch 1
+  - prefill of one 2,048-token prompt, as TFLOP/s of the linear layers against the GEMM ceiling
+  - the ceilings (copy bandwidth, bf16 GEMM rate) and the roofline (weights / bandwidth)
+  - peers, when --peers DIR holds them (a git-ignored folder; never committed): HF transformers
+    eager (hf_decode.py) and gpt-fast (DIR/gpt-fast, through benchmarks/peer_gptfast.py)
+Prints a table with ratios last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from shardline.config import EngineConfig, ModelConfig
+from shardline.model.random_weights import SHAPES, random_manifest, random_stage_weights
+from shardline.parallel import single_rank
+from shardline.sampling import SamplingParams
+from shardline.stage_worker.engine import StageEngine
+from shardline.stage_worker.pipeline import LocalPipeline
+
+HERE = Path(__file__).resolve().parent
+
+
+def build(shape: str, dtype: str = "bf16", int8: bool = False, max_num_seqs: int = 256,
+          kv_bytes: int = 24 << 30, max_model_len: int = 4096) -> LocalPipeline:
+    cfg = ModelConfig(**SHAPES[shape])
+    manifest = random_manifest(cfg, dtype, int8=int8)
+    config = EngineConfig(device="cuda", kv_cache_bytes=kv_bytes, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=8192, max_model_len=max_model_len, verify_checksums=False)
+    weights = random_stage_weights(manifest, 0, 0, "cuda")
+    engine = StageEngine(None, 0, single_rank(), config, manifest=manifest, weights=weights)
+    return LocalPipeline(None, config=config, engines=[engine])
+
+
+def num_params(pipeline: LocalPipeline) -> tuple[int, int]:
+    """(parameters streamed per decode step, bytes they occupy)."""
+    model = pipeline.engines[0].model
+    tensors = [model.lm_head.weight]
+    for layer in model.layers:
+        for lin in (layer.qkv_proj, layer.o_proj, layer.up_proj, layer.down_proj):
+            tensors.append(lin.weight)
+    return sum(t.numel() for t in tensors), sum(t.numel() * t.element_size() for t in tensors)
+
+
+def timed(pipeline: LocalPipeline, prompts: list[list[int]], new: int) -> float:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = pipeline.generate(prompts, SamplingParams(max_tokens=new, ignore_eos=True))
+    torch.cuda.synchronize()
+    assert all(len(o) == new for o in out)
+    return time.perf_counter() - t
+
+
+def decode_ms_per_step(pipeline: LocalPipeline, batch: int, prompt: int = 128, new: int = 128) -> float:
+    vocab = pipeline.manifest.model.vocab_size
+    g = torch.Generator().manual_seed(batch)
+    prompts = torch.randint(0, vocab, (batch, prompt), generator=g).tolist()
+    timed(pipeline, prompts, 8)  # warm-up: Triton compiles, graphs are captured
+    t_full = min(timed(pipeline, prompts, new) for _ in range(2))
+    t_pref = min(timed(pipeline, prompts, 1) for _ in range(2))
+    return (t_full - t_pref) / (new - 1) * 1e3
+
+
+def prefill_tflops(pipeline: LocalPipeline, n: int = 2048) -> tuple[float, float]:
+    params, _ = num_params(pipeline)
+    prompt = torch.randint(0, pipeline.manifest.model.vocab_size, (1, n)).tolist()
+    timed(pipeline, prompt, 1)
+    t = min(timed(pipeline, prompt, 1) for _ in range(3))
+    return t * 1e3, 2 * params * n / t / 1e12
+
+
+def run_json_lines(cmd: list[str], env: dict | None = None, timeout: int = 600) -> list[dict]:
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout)
+    if r.returncode != 0:
+        print(f"[peer failed] {' '.join(cmd)}\n{r.stderr[-2000:]}", file=sys.stderr)
+    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", default="1,16,64,256")
+    ap.add_argument("--peers", help="folder with ceilings.py, hf_decode.py and gpt-fast/ (git-ignored)")
+    ap.add_argument("--hf-batches", default="1,16,64")
+    ap.add_argument("--gptfast-batches", default="1")
+    ap.add_argument("--skip", default="", help="comma list of: int8,gptj,prefill")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    skip = set(filter(None, args.skip.split(",")))
+    res: dict = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+                 "command": " ".join(sys.argv), "torch": torch.__version__}
+    peers = Path(args.peers) if args.peers else None
+
+    if peers is not None:  # peers first, each in its own process, so their memory is gone before ours
+        res["ceilings"] = (run_json_lines([sys.executable, str(peers / "ceilings.py")]) or [{}])[0]
+        res["hf"] = run_json_lines([sys.executable, str(peers / "hf_decode.py"), "llama8b", args.hf_batches])
+        if "gptj" not in skip:
+            res["hf_gptj"] = run_json_lines([sys.executable, str(peers / "hf_decode.py"), "gptj6b", "1"])
+        if (peers / "gpt-fast").is_dir() and args.gptfast_batches:
+            res["gptfast"] = run_json_lines([sys.executable, str(HERE / "peer_gptfast.py"), "--batches",
+                                             args.gptfast_batches], env={"PYTHONPATH": str(peers / "gpt-fast")},
+                                            timeout=900)
+        print(json.dumps(res), flush=True)
+
+    pipeline = build("llama3-8b", max_num_seqs=max(batches))
+    params, weight_bytes = num_params(pipeline)
+    res["llama_params_streamed"] = params
+    res["shardline"] = []
+    for b in batches:
+        ms = decode_ms_per_step(pipeline, b)
+        res["shardline"].append({"batch": b, "decode_ms_per_step": round(ms, 3), "tok_s": round(b * 1e3 / ms, 1),
+                                 "weight_GBps": round(weight_bytes / ms / 1e6, 1)})
+        print(json.dumps(res["shardline"][-1]), flush=True)
+    if "prefill" not in skip:
+        ms, tf = prefill_tflops(pipeline)
+        res["prefill_2048"] = {"ms": round(ms, 2), "linear_TFLOPs": round(tf, 1)}
+    del pipeline
+    torch.cuda.empty_cache()
+    if "int8" not in skip:
+        pipeline = build("llama3-8b", int8=True, max_num_seqs=16)
+        res["int8_b1_ms"] = round(decode_ms_per_step(pipeline, 1), 3)
+        del pipeline
+        torch.cuda.empty_cache()
+    if "gptj" not in skip:
+        pipeline = build("gptj-6b", max_num_seqs=16, max_model_len=2048)
+        res["gptj_b1_ms"] = round(decode_ms_per_step(pipeline, 1), 3)
+        del pipeline
+        torch.cuda.empty_cache()
+    print(json.dumps(res), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=2))
+    print_table(res, weight_bytes)
+
+
+def print_table(res: dict, weight_bytes: int) -> None:
+    bw = res.get("ceilings", {}).get("copy_GBps")
+    hf = {r["batch"]: r["decode_ms_per_step"] for r in res.get("hf", [])}
+    gf = {r["batch"]: r["decode_ms_per_step"] for r in res.get("gptfast", [])}
+    print(f"\n{res['gpu']}  {res['date']}  torch {res['torch']}\n$ {res['command']}")
+    if bw:
+        print(f"ceilings: copy {bw} GB/s, bf16 GEMM {res['ceilings'].get('bf16_gemm_TFLOPs')} TFLOP/s; "
+              f"roofline batch-1 {weight_bytes / bw / 1e6:.2f} ms/step (weights only)")
+    print(f"{'batch':>5} {'shardline ms':>12} {'tok/s':>9} {'HF ms':>8} {'xHF':>6} {'gpt-fast ms':>11} {'xGF':>5}")
+    for r in res["shardline"]:
+        b, ms = r["batch"], r["decode_ms_per_step"]
+        h, g = hf.get(b), gf.get(b)
+        print(f"{b:>5} {ms:>12.3f} {r['tok_s']:>9.1f} {h or float('nan'):>8.2f} {(h / ms) if h else float('nan'):>6.2f} "
+              f"{g or float('nan'):>11.2f} {(g / ms) if g else float('nan'):>5.2f}")
+    if "int8_b1_ms" in res:
+        print(f"int8 weight-only batch 1: {res['int8_b1_ms']} ms/step")
+    if "gptj_b1_ms" in res:
+        hj = (res.get("hf_gptj") or [{}])[0].get("decode_ms_per_step")
+        ratio = f"  HF eager {hj} ms -> {hj / res['gptj_b1_ms']:.1f}x" if hj else ""
+        print(f"GPT-J-6B batch 1: {res['gptj_b1_ms']} ms/step{ratio}")
+    if "prefill_2048" in res:
+        p = res["prefill_2048"]
+        gemm = res.get("ceilings", {}).get("bf16_gemm_TFLOPs")
+        frac = f" = {p['linear_TFLOPs'] / gemm:.0%} of the GEMM rate" if gemm else ""
+        print(f"prefill 2048 tokens: {p['ms']} ms, {p['linear_TFLOPs']} TFLOP/s{frac}")
+
+
+if __name__ == "__main__":
+    main()
