@@ -135,10 +135,15 @@ class Generation:
                             if token_id is None:
                                 continue
                             response = await detok.push([token_id])
-                            yield Chunk(response.text, [token_id])
                             if response.finished:  # a stop string matched: the worker need not go on
+                                # The match may complete a token or two before this one (it waits for
+                                # whole characters); ids past it are not part of the completion.
+                                is_kept = response.num_tokens >= len(self.generated)  # this token's
+                                del self.generated[response.num_tokens:]
+                                yield Chunk(response.text, [token_id] if is_kept else [])
                                 finish, matched_stop = "STOP", response.matched_stop
                                 break
+                            yield Chunk(response.text, [token_id])
                 except RouteBroken as e:
                     await self._resume_or_fail(str(e))
             flush = await detok.finish()

@@ -106,11 +106,19 @@ class RecordStore:
             p.hset(record_key(request_id), mapping=mapping)
             await p.execute()
 
-    async def finish(self, request_id: str, state: str, finish_reason: str, error: str = "") -> float:
+    async def finish(self, request_id: str, state: str, finish_reason: str, error: str,
+                     num_generated: int) -> float:
+        """Final state. num_generated trims the id list: after a stop string, ids that arrived past
+        the match are not part of the completion."""
         now = time.time()
         async with self.redis.pipeline(transaction=True) as p:
             p.hset(record_key(request_id), mapping={"state": state, "finish_reason": finish_reason,
-                                                    "error": error, "finished_at": now})
+                                                    "error": error, "finished_at": now,
+                                                    "num_generated_tokens": num_generated})
+            if num_generated:
+                p.ltrim(generated_key(request_id), 0, num_generated - 1)
+            else:
+                p.delete(generated_key(request_id))  # LTRIM 0 -1 would keep everything
             p.pexpire(record_key(request_id), self.record_ttl_ms)
             p.pexpire(generated_key(request_id), self.record_ttl_ms)
             await p.execute()

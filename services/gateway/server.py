@@ -106,7 +106,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             await abort(context, e)
         usage, timings = complete_to_wire(complete)
         return gateway_pb2.GenerateResponse(
-            request_id=generation.request_id, model=generation.model, text="".join(text), token_ids=token_ids,
+            request_id=generation.request_id, model=generation.model, text="".join(text),
+            token_ids=token_ids[:complete.usage.completion_tokens],
             finish_reason=FINISH_REASON_WIRE[complete.finish_reason], matched_stop=complete.matched_stop,
             usage=usage, timings=timings)
 

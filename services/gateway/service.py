@@ -137,7 +137,8 @@ class Gateway:
         if generation.route is not None:
             self.chooser.finished(generation.route, generation.request_id)
         try:
-            await asyncio.shield(self.records.finish(generation.request_id, state, reason, error))
+            await asyncio.shield(self.records.finish(generation.request_id, state, reason, error,
+                                                     len(generation.generated)))
         except Exception:  # the client already has its answer; a lost record is only logged
             log.exception("could not record the end of request %s", generation.request_id)
 

@@ -1,0 +1,284 @@
+"""The gateway over real gRPC: streaming, status codes, admission, failover, cancel, records.
+
+Stage 0 is a FakeStageWorker (see conftest) so that failures can be staged exactly; the tokenizer
+service, Redis and every socket are real.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+import redis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from shardline.client import (NO_RETRY, Client, InvalidArgument, OutOfRange, ResourceExhausted, ShardlineError,
+                              Unavailable)
+from shardline.gateway.admission import MIN_RETRY_AFTER_S
+from shardline.gateway.config import AdmissionConfig
+from shardline.gateway.records import generated_key, record_key
+
+
+def route_of(bench, model, num_stage0=1, **kw):
+    stage0 = [bench.add_replica(model, 0, **kw) for _ in range(num_stage0)]
+    stage1 = bench.add_replica(model, 1)
+    return stage0, stage1
+
+
+def wait_until(predicate, timeout_s=10.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def test_stream_and_unary_agree_and_text_is_the_decode(bench, model_name, tokenizer_service):
+    (fake,), _ = route_of(bench, model_name)
+    gw = bench.start_gateway(model_names=(model_name,))
+    _, tokenizer = tokenizer_service
+    prompt = tokenizer.encode("hello world", add_special_tokens=True)
+    expected = [fake.token_at(prompt, i) for i in range(20)]
+    with Client(f"127.0.0.1:{gw.port}", timeout=30) as client:
+        result = client.generate("hello world", max_tokens=20, temperature=0.0)
+        stream = client.stream("hello world", max_tokens=20, temperature=0.0)
+        deltas = list(stream)
+    assert result.token_ids == expected, "the gateway must pass stage 0's tokens through unchanged"
+    assert result.finish_reason == "length" and result.usage.completion_tokens == 20
+    assert result.usage.prompt_tokens == len(prompt)
+    assert result.text == tokenizer.decode(expected), "text must be the detokenized completion"
+    assert [t for d in deltas for t in d.token_ids] == expected
+    assert "".join(d.text for d in deltas) == result.text, "stream deltas must concatenate to the unary text"
+    assert stream.finish_reason == "length" and stream.usage.total_tokens == len(prompt) + 20
+    assert 0 < result.time_to_first_token_s <= result.total_s
+    admitted = fake.admitted[-1]
+    assert list(admitted.route) == [a for a, (f, i) in bench.replicas.items() if i.stage == 1], \
+        "stage 0 must be told the downstream route"
+    assert admitted.sampling.HasField("seed"), "the gateway must pin a seed so that a resume continues exactly"
+
+
+def test_request_record_in_redis(bench, model_name, redis_server):
+    (fake,), stage1 = route_of(bench, model_name)
+    gw = bench.start_gateway(model_names=(model_name,), record_ttl_s=120.0)
+    with Client(f"127.0.0.1:{gw.port}", timeout=30) as client:
+        result = client.generate([5, 6, 7], max_tokens=6, temperature=0.5, top_k=3, seed=11, request_id="rec-1")
+        info = client.get_request("rec-1")
+    assert info.state == "finished" and info.finish_reason == "length"
+    assert info.route == [fake.address, stage1.address]
+    assert info.num_prompt_tokens == 3 and info.num_generated_tokens == 6 and info.num_resumes == 0
+    assert 0 < info.queued_at <= info.first_token_at <= info.finished_at
+    r = redis.Redis.from_url(redis_server, decode_responses=True)
+    assert [int(t) for t in r.lrange(generated_key("rec-1"), 0, -1)] == result.token_ids, \
+        "the record must hold the generated ids: they are what a resume elsewhere needs"
+    ttl = r.ttl(record_key("rec-1"))
+    assert 0 < ttl <= 120, f"a finished record must expire after record_ttl_s, ttl={ttl}"
+    assert '"seed": 11' in r.hget(record_key("rec-1"), "params")
+    with Client(f"127.0.0.1:{gw.port}", timeout=5) as client, pytest.raises(ShardlineError) as e:
+        client.get_request("never-seen")
+    assert e.value.code == "NOT_FOUND"
+
+
+BAD_REQUESTS = [
+    (dict(prompt=""), InvalidArgument, "prompt is empty"),
+    (dict(prompt=[]), InvalidArgument, "prompt is empty"),
+    (dict(prompt="hi", max_tokens=0), InvalidArgument, "max_tokens 0 must be >= 1"),
+    (dict(prompt="hi", temperature=-0.5), InvalidArgument, "temperature -0.5 is out of range; use 0 (greedy) to 100"),
+    (dict(prompt="hi", temperature=101.0), InvalidArgument, "temperature 101"),
+    (dict(prompt="hi", top_k=-1), InvalidArgument, "top_k -1 is out of range"),
+    (dict(prompt="hi", top_p=0.0), InvalidArgument, "top_p 0.0 is out of range; use a value in (0, 1]"),
+    (dict(prompt="hi", top_p=1.5), InvalidArgument, "top_p 1.5"),
+    (dict(prompt=[1, 2, 999]), InvalidArgument, "prompt_token_ids[2] = 999 is outside the vocabulary"),
+    (dict(prompt="hi", model="no-such-model"), InvalidArgument, "model 'no-such-model' is unknown"),
+    (dict(prompt="hi", max_tokens=300), OutOfRange, "max_tokens 300 exceeds the model's context of 256"),
+    (dict(prompt=[7] * 250, max_tokens=10), OutOfRange, "prompt (250 tokens) + max_tokens (10) = 260 exceeds"),
+    (dict(prompt=[7] * 256), OutOfRange, "prompt has 256 tokens but the model's context is 256"),
+]
+
+
+@pytest.mark.parametrize("kwargs,error,message", BAD_REQUESTS, ids=[m[:24] for _, _, m in BAD_REQUESTS])
+def test_bad_requests_get_their_status_and_the_gateway_stays_up(bench, model_name, kwargs, error, message):
+    route_of(bench, model_name)
+    gw = bench.start_gateway(model_names=(model_name,))  # context 256: the tokenizer's model_max_length
+    with Client(f"127.0.0.1:{gw.port}", timeout=10) as client:
+        with pytest.raises(error) as e:
+            client.generate(**{"model": model_name, **kwargs})
+        assert message in e.value.message, f"the message must name the field and its limits: {e.value.message!r}"
+        with pytest.raises(error):
+            list(client.stream(**{"model": model_name, **kwargs}))
+        assert client.generate("ok", max_tokens=2).usage.completion_tokens == 2, "the gateway must stay up"
+
+
+def test_context_length_comes_from_config_over_tokenizer(bench, model_name):
+    route_of(bench, model_name)
+    gw = bench.start_gateway(model_names=(model_name,), max_model_len={model_name: 32})
+    with Client(f"127.0.0.1:{gw.port}", timeout=10) as client:
+        with pytest.raises(OutOfRange, match="context of 32"):
+            client.generate([3] * 30, max_tokens=5)
+        assert client.list_models()[0].max_model_len == 32
+
+
+def test_full_queue_is_resource_exhausted_with_a_retry_hint(bench, model_name):
+    route_of(bench, model_name, token_delay_s=0.05)
+    gw = bench.start_gateway(model_names=(model_name,), admission=AdmissionConfig(max_running=1, max_queued=1))
+    address = f"127.0.0.1:{gw.port}"
+    results = []
+
+    def slow():
+        with Client(address, timeout=30) as c:
+            results.append(c.generate("hi", max_tokens=20))
+
+    threads = [threading.Thread(target=slow) for _ in range(2)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: gw.gateway.admission.num_running == 1 and gw.gateway.admission.num_queued == 1,
+               what="one running and one queued request")
+    with Client(address, timeout=10, retry=NO_RETRY) as client, pytest.raises(ResourceExhausted) as e:
+        client.generate("hi", max_tokens=2)
+    assert "max_running 1" in e.value.message and "max_queued 1" in e.value.message
+    assert e.value.retry_after_s is not None and e.value.retry_after_s >= MIN_RETRY_AFTER_S, \
+        "RESOURCE_EXHAUSTED must carry the retry-after-ms hint"
+    for t in threads:
+        t.join()
+    assert len(results) == 2 and all(r.usage.completion_tokens == 20 for r in results), \
+        "queued requests must run once a slot frees up"
+
+
+def test_route_choice_spreads_load_over_stage0_replicas(bench, model_name):
+    fakes, _ = route_of(bench, model_name, num_stage0=2, token_delay_s=0.05)
+    gw = bench.start_gateway(model_names=(model_name,))
+    address = f"127.0.0.1:{gw.port}"
+    threads = [threading.Thread(target=lambda: Client(address, timeout=30).generate("x", max_tokens=10))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(len(f.admitted) for f in fakes) == [2, 2], \
+        "concurrent requests must spread over stage-0 replicas, not pile onto one between heartbeats"
+
+
+@pytest.mark.parametrize("how", ["killed", "vanished", "aborted"])
+def test_failover_resumes_without_gap_or_duplicate(bench, model_name, how):
+    a = bench.add_replica(model_name, 0, token_delay_s=0.01)
+    b = bench.add_replica(model_name, 0, num_running=5, token_delay_s=0.01)  # busier: a is chosen first
+    bench.add_replica(model_name, 1)
+    gw = bench.start_gateway(model_names=(model_name,))
+    prompt = [9, 8, 7]
+    expected = [a.token_at(prompt, i) for i in range(24)]
+    a.resend = b.resend = 2  # a resumed stream repeats delivered tokens: the gateway must drop them
+    if how == "aborted":
+        a.fail_after = 6  # UNAVAILABLE mid-stream, replica still alive
+    else:
+        a.stall_after = 6
+    got = []
+    with Client(f"127.0.0.1:{gw.port}", timeout=30) as client:
+        stream = client.stream(prompt, max_tokens=24, request_id=f"fo-{how}")
+        for delta in stream:
+            got.extend(delta.token_ids)
+            if len(got) == 6 and how == "killed":
+                bench.kill(a)  # connection drops; its registry key stays until the TTL
+            elif len(got) == 6 and how == "vanished":
+                bench.deregister(a)  # heartbeat key gone while the stream hangs: the watchdog must act
+        info = client.get_request(f"fo-{how}")
+    assert got == expected, "after failover the client must see every token once, in order"
+    assert stream.finish_reason == "length" and stream.usage.completion_tokens == 24
+    assert info.state == "finished" and info.num_resumes == 1
+    survivor = a if how == "aborted" else b  # an aborted stream's replica still answers GetStatus
+    assert info.route[0] == survivor.address
+    resumed = survivor.admitted[-1]
+    assert list(resumed.generated_token_ids) == expected[:6], "the resume must carry the tokens so far"
+    assert resumed.sampling.seed == a.admitted[0].sampling.seed, "the resume must keep the seed"
+
+
+def test_cancel_rpc_and_client_disconnect_cancel_downstream(bench, model_name):
+    (fake,), _ = route_of(bench, model_name, token_delay_s=0.02)
+    gw = bench.start_gateway(model_names=(model_name,))
+    with Client(f"127.0.0.1:{gw.port}", timeout=30) as client:
+        # Cancel RPC (it could come from another connection or gateway replica).
+        stream = client.stream("hello", max_tokens=200, request_id="cancel-rpc")
+        it = iter(stream)
+        next(it)
+        assert client.cancel("cancel-rpc") is True
+        rest = list(it)
+        assert stream.finish_reason == "cancelled" and len(rest) < 199
+        wait_until(lambda: "cancel-rpc" in fake.cancelled, what="stage 0 stream closed after Cancel")
+        wait_until(lambda: client.get_request("cancel-rpc").state == "cancelled", what="record CANCELLED")
+        assert client.cancel("cancel-rpc") is False, "cancelling a finished request reports False"
+
+        # The client goes away mid-stream.
+        stream = client.stream("hello", max_tokens=200, request_id="disconnect")
+        it = iter(stream)
+        next(it)
+        next(it)
+        stream.cancel()
+        wait_until(lambda: "disconnect" in fake.cancelled, what="stage 0 stream closed after the client left")
+        wait_until(lambda: client.get_request("disconnect").state == "cancelled", what="record CANCELLED")
+        assert not gw.gateway._active and gw.gateway.admission.num_running == 0, "slots must be given back"
+
+
+def test_cancel_while_queued(bench, model_name):
+    route_of(bench, model_name, token_delay_s=0.05)
+    gw = bench.start_gateway(model_names=(model_name,), admission=AdmissionConfig(max_running=1, max_queued=4))
+    address = f"127.0.0.1:{gw.port}"
+    blocker = threading.Thread(target=lambda: Client(address, timeout=30).generate("x", max_tokens=20))
+    blocker.start()
+    wait_until(lambda: gw.gateway.admission.num_running == 1, what="the blocker running")
+    with Client(address, timeout=30) as client:
+        stream = client.stream("y", max_tokens=5, request_id="queued-cancel")
+        done = threading.Event()
+        threading.Thread(target=lambda: (list(stream), done.set())).start()
+        wait_until(lambda: gw.gateway.admission.num_queued == 1, what="the request queued")
+        assert client.get_request("queued-cancel").state == "queued"
+        assert client.cancel("queued-cancel") is True
+        assert done.wait(10) and stream.finish_reason == "cancelled" and stream.token_ids == []
+    blocker.join()
+    assert gw.gateway.admission.num_queued == 0 and gw.gateway.admission.num_running == 0
+
+
+def test_stop_string_and_stop_token(bench, model_name, tokenizer_service):
+    _, tokenizer = tokenizer_service
+    route_of(bench, model_name)
+    gw = bench.start_gateway(model_names=(model_name,))
+    prompt = [1, 2]  # the fake then replays SCRIPT_TEXT from index len(prompt)
+    with Client(f"127.0.0.1:{gw.port}", timeout=30) as client:
+        full = client.generate(prompt, max_tokens=40)
+        assert "dog" in full.text
+        result = client.generate(prompt, max_tokens=40, stop=["dog"])
+        assert result.finish_reason == "stop" and result.matched_stop == "dog"
+        assert result.text == full.text[:full.text.index("dog")], "text must be cut before the stop string"
+        assert tokenizer.decode(result.token_ids).startswith(result.text)
+        stream = client.stream(prompt, max_tokens=40, stop=["dog"])
+        assert "".join(d.text for d in stream) == result.text and stream.matched_stop == "dog"
+        stop_id = full.token_ids[5]
+        r = client.generate(prompt, max_tokens=40, stop_token_ids=[stop_id])
+        assert r.finish_reason == "stop" and r.token_ids == full.token_ids[:full.token_ids.index(stop_id) + 1]
+
+
+def test_health_and_list_models_follow_the_registry(bench, model_name):
+    gw = bench.start_gateway(model_names=(model_name,), route_wait_s=0.2)
+    address = f"127.0.0.1:{gw.port}"
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(address))
+
+    def status():
+        return health.Check(health_pb2.HealthCheckRequest(service="shardline.v1.Gateway"), timeout=5).status
+
+    assert status() == health_pb2.HealthCheckResponse.NOT_SERVING, "no route yet: not ready"
+    with Client(address, timeout=10, retry=NO_RETRY) as client:
+        with pytest.raises(Unavailable, match="no replica of model"):
+            client.generate("hi", max_tokens=1)
+        bench.add_replica(model_name, 0)
+        bench.add_replica(model_name, 1)
+        wait_until(lambda: status() == health_pb2.HealthCheckResponse.SERVING, what="SERVING once a route exists")
+        [m] = client.list_models()
+        assert (m.name, m.num_stages, m.tp_size, m.num_routes, m.max_model_len) == (model_name, 2, 1, 1, 256)
+        assert client.generate("hi", max_tokens=1).usage.completion_tokens == 1
+
+
+def test_unavailable_when_a_stage_has_no_replica(bench, model_name):
+    bench.add_replica(model_name, 0)  # stage 1 missing
+    gw = bench.start_gateway(model_names=(model_name,), route_wait_s=0.2)
+    with Client(f"127.0.0.1:{gw.port}", timeout=10, retry=NO_RETRY) as client:
+        with pytest.raises(Unavailable, match=r"no live, non-draining replica of stage \[1\]"):
+            client.generate("hi", max_tokens=1)
