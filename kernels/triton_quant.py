@@ -71,8 +71,8 @@ def int8_linear_triton(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tenso
     N, K = w_int8.shape
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
-    if M > SMALL_M_MAX and config is None:
-        # Compute-bound: dequantise once and let cuBLAS run the product.
+    if (M > SMALL_M_MAX or x.dtype == torch.float32) and config is None:
+        # Compute-bound (or fp32, whose exact dot spills): dequantise and let cuBLAS multiply.
         w = w_int8.to(x.dtype) * scale.to(x.dtype)[:, None]
         return torch.nn.functional.linear(x, w, bias)
     if x2.stride(-1) != 1:
@@ -82,7 +82,7 @@ def int8_linear_triton(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tenso
     cfg = dict(config or _CONFIGS[block_m])
     block_m = cfg.pop("BLOCK_M", block_m)
     if x.dtype == torch.float32:
-        cfg["W_MODE"] = 0  # tf32 would round fp32 activations; fp32 runs the exact ieee dot
+        cfg["W_MODE"] = 0  # tf32 would round fp32 activations: keep the exact (slow) ieee dot
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M:
         grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m))

@@ -1,0 +1,382 @@
+"""Time each shardline kernel against its torch reference on Llama-3-8B shapes, on one GPU.
+
+    python benchmarks/kernels_bench.py [--only attention,int8] [--sweep]
+
+Every timing is the median over replays of a CUDA graph that calls the op once per input set,
+rotating through enough input sets that the data does not sit in L2 (the engine also replays
+graphs, so launch gaps are those of a captured step). References that read device values on the
+host (paged_attention_ref) cannot be captured and are timed eagerly; they are marked `eager`.
+GB/s counts the fewest bytes the op must move (each input read once, each output written once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import statistics
+import sys
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+from shardline.kernels import activation, attention, norm, quant, rotary
+from shardline.kernels.attention import paged_attention_ref
+from shardline.kernels.rotary import rotary_cos_sin
+
+H, NH, NKV, HD, INTER, BLOCK = 4096, 32, 8, 128, 14336, 16  # Llama-3-8B, KV block of 16 tokens
+BF16 = torch.bfloat16
+L2_ROTATION_BYTES = 256 << 20
+ROWS: list[str] = []
+
+
+def rotation(bytes_per_call: int) -> int:
+    return max(1, min(32, math.ceil(L2_ROTATION_BYTES / max(bytes_per_call, 1))))
+
+
+def time_graph(calls, replays: int = 25) -> float:
+    """Median microseconds per call, replaying one graph that makes every call once."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for call in calls:  # compile, autotune caches, allocator warm-up: all outside the capture
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    del graph
+    return statistics.median(times)
+
+
+def time_eager(call, iters: int = 10) -> float:
+    call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def report(op: str, shape: str, impl: str, us: float, nbytes: int | None = None,
+           flops: float | None = None, note: str = "") -> None:
+    gbs = f"{nbytes / us / 1e3:8.0f}" if nbytes else "       -"
+    tflops = f"{flops / us / 1e6:7.1f}" if flops else "      -"
+    row = f"{op:22s} {shape:28s} {impl:24s} {us:10.1f} {gbs} {tflops}  {note}"
+    ROWS.append(row)
+    print(row, flush=True)
+
+
+def bench(op, shape, impl, make_call, nbytes=None, flops=None, eager=False, note=""):
+    """make_call() builds one input set and returns a zero-argument callable over it."""
+    try:
+        if eager:
+            us = time_eager(make_call())
+            note = (note + " eager").strip()
+        else:
+            us = time_graph([make_call() for _ in range(rotation(nbytes or 0))])
+        report(op, shape, impl, us, nbytes, flops, note)
+        return us
+    except Exception as exc:  # one broken variant must not cost the rest of a GPU lease
+        print(f"{op:22s} {shape:28s} {impl:24s} FAILED {type(exc).__name__}: {exc}", flush=True)
+        traceback.print_exc(limit=3)
+        return None
+
+
+def copy_ceiling() -> None:
+    n = 1 << 30
+    src, dst = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8,
+                                                                           device="cuda")
+    us = time_graph([lambda: dst.copy_(src)], replays=10)
+    report("ceiling: d2d copy", "1 GiB", "torch copy_", us, 2 * n)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def bench_norm() -> None:
+    for T in (1, 64, 2048):
+        nbytes = 4 * T * H * 2 + H * 2
+
+        def make(fn):
+            def build():
+                x, r = torch.randn(T, H, device="cuda", dtype=BF16), torch.randn(T, H, device="cuda", dtype=BF16)
+                w = torch.randn(H, device="cuda", dtype=BF16)
+                return lambda: fn(x, w, 1e-5, r)
+            return build
+        for impl, fn in (("triton", norm.rms_norm), ("ref (torch ops)", norm.rms_norm_ref)):
+            bench("rms_norm+residual", f"T={T} H={H}", impl, make(fn), nbytes)
+    for T in (1, 2048):
+        nbytes = 4 * T * H * 2 + 2 * H * 2
+
+        def make_ln(fn):
+            def build():
+                x, r = torch.randn(T, H, device="cuda", dtype=BF16), torch.randn(T, H, device="cuda", dtype=BF16)
+                w, b = torch.randn(H, device="cuda", dtype=BF16), torch.randn(H, device="cuda", dtype=BF16)
+                return lambda: fn(x, w, b, 1e-5, r)
+            return build
+        for impl, fn in (("triton", norm.layer_norm), ("ref (torch ops)", norm.layer_norm_ref)):
+            bench("layer_norm+residual", f"T={T} H={H}", impl, make_ln(fn), nbytes)
+
+
+def bench_activation() -> None:
+    for T in (1, 64, 2048):
+        nbytes = T * 3 * INTER * 2
+
+        def make(fn):
+            def build():
+                x = torch.randn(T, 2 * INTER, device="cuda", dtype=BF16)
+                return lambda: fn(x)
+            return build
+        for impl, fn in (("triton", activation.silu_and_mul), ("ref (torch ops)", activation.silu_and_mul_ref)):
+            bench("silu_and_mul", f"T={T} I={INTER}", impl, make(fn), nbytes)
+    for T in (1, 2048):
+        n = 16384  # GPT-J-6B MLP width
+        nbytes = T * n * 2 * 2
+
+        def make_gelu(fn):
+            def build():
+                x = torch.randn(T, n, device="cuda", dtype=BF16)
+                return lambda: fn(x)
+            return build
+        for impl, fn in (("triton", activation.gelu_tanh), ("ref (torch ops)", activation.gelu_tanh_ref),
+                         ("F.gelu(tanh)", lambda x: F.gelu(x, approximate="tanh"))):
+            bench("gelu_tanh", f"T={T} I={n}", impl, make_gelu(fn), nbytes)
+
+
+def _qkv(T):
+    qkv = torch.randn(T, (NH + 2 * NKV) * HD, device="cuda", dtype=BF16)
+    q = qkv[:, :NH * HD].view(T, NH, HD)
+    k = qkv[:, NH * HD:(NH + NKV) * HD].view(T, NKV, HD)
+    v = qkv[:, (NH + NKV) * HD:].view(T, NKV, HD)
+    return q, k, v
+
+
+def bench_rotary_and_kv() -> None:
+    cos_sin = rotary_cos_sin(8192, HD, 500000.0, None, device="cuda")
+    num_blocks = 4096
+    for T in (1, 64, 2048):
+        rot_bytes = 2 * T * (NH + NKV) * HD * 2 + T * HD * 4
+        kv_bytes = 2 * 2 * T * NKV * HD * 2
+
+        def make_rot(fn):
+            def build():
+                q, k, _ = _qkv(T)
+                pos = torch.randint(0, 8192, (T,), device="cuda")
+                return lambda: fn(q, k, pos, cos_sin, HD)
+            return build
+        for impl, fn in (("triton", rotary.apply_rotary), ("ref (torch ops)", rotary.apply_rotary_ref)):
+            bench("apply_rotary", f"T={T} 32q/8kv x128", impl, make_rot(fn), rot_bytes)
+
+        def make_kv(fn):
+            def build():
+                _, k, v = _qkv(T)
+                kc = torch.empty(num_blocks, BLOCK, NKV, HD, device="cuda", dtype=BF16)
+                vc = torch.empty_like(kc)
+                slots = torch.randperm(num_blocks * BLOCK, device="cuda")[:T]
+                return lambda: fn(k, v, kc, vc, slots)
+            return build
+        for impl, fn in (("triton", attention.write_kv), ("ref (index_copy_)", attention.write_kv_ref)):
+            bench("write_kv", f"T={T} 8kv x128", impl, make_kv(fn), kv_bytes)
+
+        def make_fused(mode):
+            def build():
+                q, k, v = _qkv(T)
+                pos = torch.randint(0, 8192, (T,), device="cuda")
+                kc = torch.empty(num_blocks, BLOCK, NKV, HD, device="cuda", dtype=BF16)
+                vc = torch.empty_like(kc)
+                slots = torch.randperm(num_blocks * BLOCK, device="cuda")[:T]
+                if mode == "fused":
+                    return lambda: rotary.apply_rotary_and_write_kv(q, k, v, pos, cos_sin, HD, kc, vc, slots)
+                if mode == "ref":
+                    return lambda: rotary.apply_rotary_and_write_kv_ref(q, k, v, pos, cos_sin, HD, kc, vc, slots)
+
+                def two_kernels():
+                    q2, k2 = rotary.apply_rotary(q, k, pos, cos_sin, HD)
+                    attention.write_kv(k2, v, kc, vc, slots)
+                return two_kernels
+            return build
+        fused_bytes = T * (NH + 2 * NKV) * HD * 2 + T * (NH + 2 * NKV) * HD * 2 + T * HD * 4
+        for impl in ("fused", "rotary+write_kv", "ref"):
+            bench("rotary+write_kv", f"T={T}", impl, make_fused(impl), fused_bytes)
+
+
+def _paged(seq_lens_list, q_lens, dtype=BF16, table_width=None):
+    """Ragged batch with contexts seq_lens_list, each sequence's blocks scattered in the cache."""
+    B = len(seq_lens_list)
+    blocks = [math.ceil(s / BLOCK) for s in seq_lens_list]
+    width = table_width or max(blocks)
+    num_blocks = sum(blocks) + 1
+    perm = torch.randperm(num_blocks, device="cuda").to(torch.int32)
+    tables = torch.zeros(B, width, dtype=torch.int32, device="cuda")
+    at = 0
+    for b, n in enumerate(blocks):
+        tables[b, :n] = perm[at:at + n]
+        at += n
+    kc = torch.randn(num_blocks, BLOCK, NKV, HD, device="cuda", dtype=dtype)
+    vc = torch.randn_like(kc)
+    qsl = torch.tensor([0] + list(q_lens), device="cuda").cumsum(0).to(torch.int32)
+    q = torch.randn(sum(q_lens), NH, HD, device="cuda", dtype=dtype)
+    seq_lens = torch.tensor(seq_lens_list, dtype=torch.int32, device="cuda")
+    return q, (kc, vc, tables, seq_lens, qsl, HD ** -0.5)
+
+
+def bench_decode_attention(sweep: bool) -> None:
+    from shardline.kernels.triton_attention import paged_attention_triton
+    for B, ctx in ((1, 128), (1, 512), (1, 2048), (16, 1024), (64, 512), (256, 256)):
+        nbytes = B * ctx * NKV * HD * 2 * 2 + 2 * B * NH * HD * 2
+        shape = f"B={B} ctx={ctx}"
+
+        def make(fn, **kw):
+            def build():
+                q, args = _paged([ctx] * B, [1] * B)
+                return lambda: fn(q, *args, **kw)
+            return build
+        bench("decode attention", shape, "triton", make(attention.paged_attention), nbytes)
+        if sweep and B <= 16:
+            for block_n in (16, 32, 128):
+                bench("decode attention", shape, f"triton BLOCK_N={block_n}",
+                      make(paged_attention_triton, decode_block_n=block_n), nbytes)
+            for splits in (1, 4, 16, 32):
+                bench("decode attention", shape, f"triton splits={splits}",
+                      make(paged_attention_triton, num_splits=splits), nbytes)
+
+        def make_sdpa():
+            k = torch.randn(B, NKV, ctx, HD, device="cuda", dtype=BF16)
+            v = torch.randn_like(k)
+            q = torch.randn(B, NH, 1, HD, device="cuda", dtype=BF16)
+            return lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        bench("decode attention", shape, "SDPA dense (not paged)", make_sdpa, nbytes)
+        if B <= 16:
+            bench("decode attention", shape, "ref (per-seq loop)", make(paged_attention_ref), nbytes,
+                  eager=True)
+
+
+def bench_prefill_attention(sweep: bool) -> None:
+    from shardline.kernels.triton_attention import paged_attention_triton
+    for B, T in ((1, 2048), (4, 512)):
+        flops = B * 4 * NH * HD * T * (T + 1) / 2  # causal: QK^T and PV over the visible half
+        nbytes = B * T * (NH + 2 * NKV + NH) * HD * 2
+        shape = f"B={B} chunk={T} causal"
+
+        def make(fn, **kw):
+            def build():
+                q, args = _paged([T] * B, [T] * B)
+                return lambda: fn(q, *args, **kw)
+            return build
+        bench("prefill attention", shape, "triton", make(attention.paged_attention), nbytes, flops)
+        if sweep:
+            for cfg in (dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+                        dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+                        dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+                        dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=4)):
+                name = "triton M{BLOCK_M} N{BLOCK_N} w{num_warps} s{num_stages}".format(**cfg)
+                bench("prefill attention", shape, name, make(paged_attention_triton, prefill_config=cfg),
+                      nbytes, flops)
+
+        def make_sdpa():
+            q = torch.randn(B, NH, T, HD, device="cuda", dtype=BF16)
+            k = torch.randn(B, NKV, T, HD, device="cuda", dtype=BF16)
+            v = torch.randn_like(k)
+            return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        bench("prefill attention", shape, "SDPA dense causal", make_sdpa, nbytes, flops)
+    # A mixed step: one 512-token prefill chunk riding with 63 decode tokens at 1k context.
+    lens, qlens = [512] + [1024] * 63, [512] + [1] * 63
+    nbytes = sum(lens) * NKV * HD * 2 * 2
+
+    def make_mixed():
+        q, args = _paged(lens, qlens)
+        return lambda: attention.paged_attention(q, *args)
+    bench("mixed attention", "1x512 chunk + 63 decode@1k", "triton", make_mixed, nbytes)
+
+
+LLAMA_LINEARS = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336))
+
+
+def bench_int8(sweep: bool) -> None:
+    from shardline.kernels.triton_quant import int8_linear_triton
+    per_step = {}
+    for M in (1, 16, 64):
+        for name, N, K in LLAMA_LINEARS:
+            shape = f"M={M} {name} {N}x{K}"
+            int8_bytes = N * K + N * 2 + M * K * 2 + M * N * 2
+            bf16_bytes = N * K * 2 + M * K * 2 + M * N * 2
+
+            def make(fn, **kw):
+                def build():
+                    x = torch.randn(M, K, device="cuda", dtype=BF16)
+                    w = torch.randint(-127, 128, (N, K), device="cuda", dtype=torch.int8)
+                    s = (torch.rand(N, device="cuda") * 0.01).to(BF16)
+                    return lambda: fn(x, w, s, **kw)
+                return build
+
+            def make_bf16():
+                x = torch.randn(M, K, device="cuda", dtype=BF16)
+                w = torch.randn(N, K, device="cuda", dtype=BF16)
+                return lambda: F.linear(x, w)
+            t8 = bench("int8_linear", shape, "triton", make(quant.int8_linear), int8_bytes,
+                       flops=2 * M * N * K)
+            tb = bench("bf16 linear", shape, "F.linear (cuBLAS)", make_bf16, bf16_bytes, flops=2 * M * N * K)
+            if M == 1:
+                bench("int8_linear", shape, "ref (dequant+linear)", make(quant.int8_linear_ref), int8_bytes)
+            if sweep and M in (1, 16) and name in ("gate_up", "down", "o"):
+                for bn, bk, mode, stages, warps in ((16, 256, 0, 4, 4), (16, 512, 0, 3, 4), (32, 128, 0, 4, 4),
+                                                    (32, 256, 0, 4, 4), (64, 128, 0, 4, 4), (64, 256, 0, 3, 8),
+                                                    (16, 256, 1, 4, 4), (32, 256, 1, 4, 4), (16, 128, 0, 6, 4),
+                                                    (32, 512, 0, 3, 8)):
+                    cfg = dict(BLOCK_N=bn, BLOCK_K=bk, W_MODE=mode, num_warps=warps, num_stages=stages)
+                    bench("int8_linear", shape, f"N{bn} K{bk} m{mode} s{stages} w{warps}",
+                          make(int8_linear_triton, config=cfg), int8_bytes)
+            if t8 and tb:
+                per_step.setdefault(M, [0.0, 0.0])
+                per_step[M][0] += t8 * 32
+                per_step[M][1] += tb * 32
+    for M, (t8, tb) in per_step.items():
+        print(f"# linear layers of one Llama-3-8B decode step at M={M} (32 layers, no lm_head): "
+              f"int8 {t8 / 1e3:.2f} ms vs bf16 {tb / 1e3:.2f} ms ({tb / t8:.2f}x)", flush=True)
+
+
+SECTIONS = {"norm": bench_norm, "activation": bench_activation, "rotary": bench_rotary_and_kv,
+            "decode": bench_decode_attention, "prefill": bench_prefill_attention, "int8": bench_int8}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated: " + ",".join(SECTIONS))
+    parser.add_argument("--sweep", action="store_true", help="also time alternative launch configs")
+    args = parser.parse_args()
+    import triton
+    print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
+          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
+    print(f"# command: {' '.join(sys.argv)}")
+    print(f"{'op':22s} {'shape':28s} {'impl':24s} {'us':>10s} {'GB/s':>8s} {'TFLOP/s':>7s}")
+    torch.manual_seed(0)
+    copy_ceiling()
+    for name in args.only.split(","):
+        kw = {"sweep": args.sweep} if name in ("decode", "prefill", "int8") else {}
+        try:
+            SECTIONS[name](**kw)
+        except Exception:
+            traceback.print_exc()
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
