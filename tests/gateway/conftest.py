@@ -106,8 +106,8 @@ class Bench:
         self.gateways = []
 
     def add_replica(self, model: str, stage: int, num_stages: int = 2, num_running: int = 0,
-                    token_delay_s: float = 0.0) -> FakeStageWorker:
-        fake = FakeStageWorker(self.script, token_delay_s)
+                    token_delay_s: float = 0.0, script: list[int] | None = None) -> FakeStageWorker:
+        fake = FakeStageWorker(script or self.script, token_delay_s)
         self.loop.run(fake.start())
         info = ReplicaInfo(replica_id=f"fake-{uuid.uuid4().hex[:8]}", address=fake.address, model=model, stage=stage,
                            num_stages=num_stages, layer_start=stage, layer_end=stage + 1, tp=1,

@@ -282,3 +282,22 @@ def test_unavailable_when_a_stage_has_no_replica(bench, model_name):
     with Client(f"127.0.0.1:{gw.port}", timeout=10, retry=NO_RETRY) as client:
         with pytest.raises(Unavailable, match=r"no live, non-draining replica of stage \[1\]"):
             client.generate("hi", max_tokens=1)
+
+
+def test_korean_and_emoji_stream_never_splits_a_character(bench, model_name, tokenizer_service):
+    _, tokenizer = tokenizer_service
+    text = "안녕하세요, 만나서 반갑습니다. Emoji time 😀 🚀 🎉 👍 ❤️ 🤖 한국어 토크나이저"
+    script = tokenizer.encode(text, add_special_tokens=False)
+    assert len(script) > len(text) // 3, "byte-level BPE should split these characters over several tokens"
+    bench.add_replica(model_name, 0, script=script)
+    bench.add_replica(model_name, 1)
+    gw = bench.start_gateway(model_names=(model_name,))
+    prompt = [1] * len(script)  # the fake plays its script from index len(prompt) mod len(script) = 0
+    with Client(f"127.0.0.1:{gw.port}", timeout=30) as client:
+        stream = client.stream(prompt, max_tokens=len(script))
+        deltas = list(stream)
+    ids = [t for d in deltas for t in d.token_ids]
+    assert ids == script
+    assert "".join(d.text for d in deltas) == tokenizer.decode(ids) == text, \
+        "deltas must concatenate to the one-shot decode"
+    assert not any("\ufffd" in d.text for d in deltas), "no delta may carry half a character"
