@@ -20,6 +20,11 @@ class InvalidArgument(GatewayError):
     code, http_status = grpc.StatusCode.INVALID_ARGUMENT, 400
 
 
+class UnknownModel(InvalidArgument):
+    """INVALID_ARGUMENT on gRPC (as the API promises); 404 on the OpenAI-compatible HTTP API."""
+    http_status = 404
+
+
 class OutOfRange(GatewayError):
     """A value valid in itself that does not fit this model: prompt + max_tokens beyond the context."""
     code, http_status = grpc.StatusCode.OUT_OF_RANGE, 400

@@ -27,7 +27,7 @@ from shardline.sampling import SamplingParams
 from shardline.v1 import common_pb2
 
 from . import records
-from .errors import Cancelled, GatewayError, Internal, InvalidArgument, Unavailable
+from .errors import GatewayError, Internal, InvalidArgument, Unavailable
 from .routing import Route
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from shardline.registry import Registry, ReplicaInfo
 from . import records
 from .admission import AdmissionQueue
 from .config import GatewayConfig
-from .errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
+from .errors import AlreadyExists, InvalidArgument, NotFound, Unavailable, UnknownModel
 from .generation import Generation
 from .records import RecordStore, RequestRecord
 from .routing import ModelView, Route, RouteChooser, models_view
@@ -186,7 +186,7 @@ class Gateway:
             raise InvalidArgument(f"model is required: this gateway serves {', '.join(sorted(served))}")
         if name not in served:
             known = ", ".join(sorted(served)) or "none yet"
-            raise InvalidArgument(f"model {name!r} is unknown; served models: {known}")
+            raise UnknownModel(f"model {name!r} is unknown; served models: {known}")
         return name
 
     def max_model_len(self, model: str, tokenizer_max_length: int = 0) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -115,6 +116,19 @@ class Bench:
         self.registry.heartbeat(info)
         self.replicas[fake.address] = (fake, info)
         return fake
+
+    def route(self, model: str, num_stage0: int = 1, **kw) -> tuple[list[FakeStageWorker], FakeStageWorker]:
+        """num_stage0 stage-0 replicas (kw: their settings) and one stage-1 replica of `model`."""
+        stage0 = [self.add_replica(model, 0, **kw) for _ in range(num_stage0)]
+        return stage0, self.add_replica(model, 1)
+
+    @staticmethod
+    def wait_until(predicate, timeout_s: float = 10.0, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(0.02)
 
     def deregister(self, fake: FakeStageWorker) -> None:
         self.registry.deregister(self.replicas[fake.address][1])

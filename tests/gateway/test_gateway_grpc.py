@@ -7,7 +7,6 @@ service, Redis and every socket are real.
 from __future__ import annotations
 
 import threading
-import time
 
 import grpc
 import pytest
@@ -21,22 +20,8 @@ from shardline.gateway.config import AdmissionConfig
 from shardline.gateway.records import generated_key, record_key
 
 
-def route_of(bench, model, num_stage0=1, **kw):
-    stage0 = [bench.add_replica(model, 0, **kw) for _ in range(num_stage0)]
-    stage1 = bench.add_replica(model, 1)
-    return stage0, stage1
-
-
-def wait_until(predicate, timeout_s=10.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 def test_stream_and_unary_agree_and_text_is_the_decode(bench, model_name, tokenizer_service):
-    (fake,), _ = route_of(bench, model_name)
+    (fake,), _ = bench.route(model_name)
     gw = bench.start_gateway(model_names=(model_name,))
     _, tokenizer = tokenizer_service
     prompt = tokenizer.encode("hello world", add_special_tokens=True)
@@ -60,7 +45,7 @@ def test_stream_and_unary_agree_and_text_is_the_decode(bench, model_name, tokeni
 
 
 def test_request_record_in_redis(bench, model_name, redis_server):
-    (fake,), stage1 = route_of(bench, model_name)
+    (fake,), stage1 = bench.route(model_name)
     gw = bench.start_gateway(model_names=(model_name,), record_ttl_s=120.0)
     with Client(f"127.0.0.1:{gw.port}", timeout=30) as client:
         result = client.generate([5, 6, 7], max_tokens=6, temperature=0.5, top_k=3, seed=11, request_id="rec-1")
@@ -99,7 +84,7 @@ BAD_REQUESTS = [
 
 @pytest.mark.parametrize("kwargs,error,message", BAD_REQUESTS, ids=[m[:24] for _, _, m in BAD_REQUESTS])
 def test_bad_requests_get_their_status_and_the_gateway_stays_up(bench, model_name, kwargs, error, message):
-    route_of(bench, model_name)
+    bench.route(model_name)
     gw = bench.start_gateway(model_names=(model_name,))  # context 256: the tokenizer's model_max_length
     with Client(f"127.0.0.1:{gw.port}", timeout=10) as client:
         with pytest.raises(error) as e:
@@ -111,7 +96,7 @@ def test_bad_requests_get_their_status_and_the_gateway_stays_up(bench, model_nam
 
 
 def test_context_length_comes_from_config_over_tokenizer(bench, model_name):
-    route_of(bench, model_name)
+    bench.route(model_name)
     gw = bench.start_gateway(model_names=(model_name,), max_model_len={model_name: 32})
     with Client(f"127.0.0.1:{gw.port}", timeout=10) as client:
         with pytest.raises(OutOfRange, match="context of 32"):
@@ -120,7 +105,7 @@ def test_context_length_comes_from_config_over_tokenizer(bench, model_name):
 
 
 def test_full_queue_is_resource_exhausted_with_a_retry_hint(bench, model_name):
-    route_of(bench, model_name, token_delay_s=0.05)
+    bench.route(model_name, token_delay_s=0.05)
     gw = bench.start_gateway(model_names=(model_name,), admission=AdmissionConfig(max_running=1, max_queued=1))
     address = f"127.0.0.1:{gw.port}"
     results = []
@@ -132,7 +117,7 @@ def test_full_queue_is_resource_exhausted_with_a_retry_hint(bench, model_name):
     threads = [threading.Thread(target=slow) for _ in range(2)]
     for t in threads:
         t.start()
-    wait_until(lambda: gw.gateway.admission.num_running == 1 and gw.gateway.admission.num_queued == 1,
+    bench.wait_until(lambda: gw.gateway.admission.num_running == 1 and gw.gateway.admission.num_queued == 1,
                what="one running and one queued request")
     with Client(address, timeout=10, retry=NO_RETRY) as client, pytest.raises(ResourceExhausted) as e:
         client.generate("hi", max_tokens=2)
@@ -146,7 +131,7 @@ def test_full_queue_is_resource_exhausted_with_a_retry_hint(bench, model_name):
 
 
 def test_route_choice_spreads_load_over_stage0_replicas(bench, model_name):
-    fakes, _ = route_of(bench, model_name, num_stage0=2, token_delay_s=0.05)
+    fakes, _ = bench.route(model_name, num_stage0=2, token_delay_s=0.05)
     gw = bench.start_gateway(model_names=(model_name,))
     address = f"127.0.0.1:{gw.port}"
     threads = [threading.Thread(target=lambda: Client(address, timeout=30).generate("x", max_tokens=10))
@@ -193,7 +178,7 @@ def test_failover_resumes_without_gap_or_duplicate(bench, model_name, how):
 
 
 def test_cancel_rpc_and_client_disconnect_cancel_downstream(bench, model_name):
-    (fake,), _ = route_of(bench, model_name, token_delay_s=0.02)
+    (fake,), _ = bench.route(model_name, token_delay_s=0.02)
     gw = bench.start_gateway(model_names=(model_name,))
     with Client(f"127.0.0.1:{gw.port}", timeout=30) as client:
         # Cancel RPC (it could come from another connection or gateway replica).
@@ -203,8 +188,8 @@ def test_cancel_rpc_and_client_disconnect_cancel_downstream(bench, model_name):
         assert client.cancel("cancel-rpc") is True
         rest = list(it)
         assert stream.finish_reason == "cancelled" and len(rest) < 199
-        wait_until(lambda: "cancel-rpc" in fake.cancelled, what="stage 0 stream closed after Cancel")
-        wait_until(lambda: client.get_request("cancel-rpc").state == "cancelled", what="record CANCELLED")
+        bench.wait_until(lambda: "cancel-rpc" in fake.cancelled, what="stage 0 stream closed after Cancel")
+        bench.wait_until(lambda: client.get_request("cancel-rpc").state == "cancelled", what="record CANCELLED")
         assert client.cancel("cancel-rpc") is False, "cancelling a finished request reports False"
 
         # The client goes away mid-stream.
@@ -213,23 +198,23 @@ def test_cancel_rpc_and_client_disconnect_cancel_downstream(bench, model_name):
         next(it)
         next(it)
         stream.cancel()
-        wait_until(lambda: "disconnect" in fake.cancelled, what="stage 0 stream closed after the client left")
-        wait_until(lambda: client.get_request("disconnect").state == "cancelled", what="record CANCELLED")
+        bench.wait_until(lambda: "disconnect" in fake.cancelled, what="stage 0 stream closed after the client left")
+        bench.wait_until(lambda: client.get_request("disconnect").state == "cancelled", what="record CANCELLED")
         assert not gw.gateway._active and gw.gateway.admission.num_running == 0, "slots must be given back"
 
 
 def test_cancel_while_queued(bench, model_name):
-    route_of(bench, model_name, token_delay_s=0.05)
+    bench.route(model_name, token_delay_s=0.05)
     gw = bench.start_gateway(model_names=(model_name,), admission=AdmissionConfig(max_running=1, max_queued=4))
     address = f"127.0.0.1:{gw.port}"
     blocker = threading.Thread(target=lambda: Client(address, timeout=30).generate("x", max_tokens=20))
     blocker.start()
-    wait_until(lambda: gw.gateway.admission.num_running == 1, what="the blocker running")
+    bench.wait_until(lambda: gw.gateway.admission.num_running == 1, what="the blocker running")
     with Client(address, timeout=30) as client:
         stream = client.stream("y", max_tokens=5, request_id="queued-cancel")
         done = threading.Event()
         threading.Thread(target=lambda: (list(stream), done.set())).start()
-        wait_until(lambda: gw.gateway.admission.num_queued == 1, what="the request queued")
+        bench.wait_until(lambda: gw.gateway.admission.num_queued == 1, what="the request queued")
         assert client.get_request("queued-cancel").state == "queued"
         assert client.cancel("queued-cancel") is True
         assert done.wait(10) and stream.finish_reason == "cancelled" and stream.token_ids == []
@@ -239,7 +224,7 @@ def test_cancel_while_queued(bench, model_name):
 
 def test_stop_string_and_stop_token(bench, model_name, tokenizer_service):
     _, tokenizer = tokenizer_service
-    route_of(bench, model_name)
+    bench.route(model_name)
     gw = bench.start_gateway(model_names=(model_name,))
     prompt = [1, 2]  # the fake then replays SCRIPT_TEXT from index len(prompt)
     with Client(f"127.0.0.1:{gw.port}", timeout=30) as client:
@@ -270,7 +255,7 @@ def test_health_and_list_models_follow_the_registry(bench, model_name):
             client.generate("hi", max_tokens=1)
         bench.add_replica(model_name, 0)
         bench.add_replica(model_name, 1)
-        wait_until(lambda: status() == health_pb2.HealthCheckResponse.SERVING, what="SERVING once a route exists")
+        bench.wait_until(lambda: status() == health_pb2.HealthCheckResponse.SERVING, what="SERVING once a route exists")
         [m] = client.list_models()
         assert (m.name, m.num_stages, m.tp_size, m.num_routes, m.max_model_len) == (model_name, 2, 1, 1, 256)
         assert client.generate("hi", max_tokens=1).usage.completion_tokens == 1

@@ -1,0 +1,287 @@
+"""The OpenAI-compatible HTTP front door: a translation of the same Gateway the gRPC API drives.
+
+    GET  /v1/models
+    POST /v1/completions        {"model", "prompt": str | [int], "max_tokens", "temperature", "top_p",
+                                 "top_k", "seed", "stop": str | [str], "stream", "ignore_eos", "user"}
+    POST /v1/chat/completions   {"model", "messages": [{"role", "content"}], ... as above}
+    GET  /health                200 once a route exists, else 503 (readiness)
+
+`stream: true` answers with server-sent events (`data: {...}` per delta, then `data: [DONE]`);
+a client that disconnects cancels the request downstream. Errors are JSON
+`{"error": {"message", "type", "code"}}` with 400 (bad value, too long), 404 (unknown model),
+429 (queue full, with Retry-After), 503 (no route). A small HTTP/1.1 server on asyncio streams
+(keep-alive for plain responses, connection closed after a stream) keeps the gateway free of
+web-framework dependencies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from .errors import GatewayError, InvalidArgument, ResourceExhausted
+from .generation import Chunk, Complete
+from .service import Gateway
+from .validation import GenerateInput
+
+log = logging.getLogger("shardline.gateway.http")
+
+MAX_BODY_BYTES = 4 << 20
+MAX_HEADER_BYTES = 64 << 10
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large",
+           429: "Too Many Requests", 499: "Client Closed Request", 500: "Internal Server Error",
+           503: "Service Unavailable"}
+FINISH_REASONS = {"LENGTH": "length", "STOP": "stop", "CANCELLED": "cancelled"}
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", headers=()) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.headers = status, message, kind, list(headers)
+
+
+def http_error(e: GatewayError) -> HttpError:
+    headers = []
+    if isinstance(e, ResourceExhausted):
+        headers.append(("Retry-After", str(max(1, math.ceil(e.retry_after_s)))))
+    kind = "invalid_request_error" if e.http_status in (400, 404) else e.code.name.lower()
+    return HttpError(e.http_status, e.message, kind, headers)
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+async def read_request(reader: asyncio.StreamReader) -> Request | None:
+    """One HTTP/1.1 request, or None when the peer closed the connection between requests."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return None
+    except asyncio.LimitOverrunError:
+        raise HttpError(413, f"request headers exceed {MAX_HEADER_BYTES} bytes")
+    lines = head.decode("latin-1").split("\r\n")
+    try:
+        method, target, _ = lines[0].split(" ", 2)
+    except ValueError:
+        raise HttpError(400, f"malformed request line {lines[0][:100]!r}")
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length") or 0)
+    if length > MAX_BODY_BYTES:
+        raise HttpError(413, f"request body of {length} bytes exceeds {MAX_BODY_BYTES}")
+    body = await reader.readexactly(length) if length else b""
+    return Request(method.upper(), target.split("?", 1)[0], headers, body)
+
+
+def response_bytes(status: int, body: dict, headers=(), keep_alive: bool = True) -> bytes:
+    payload = json.dumps(body).encode()
+    lines = [f"HTTP/1.1 {status} {REASONS.get(status, '')}", "Content-Type: application/json",
+             f"Content-Length: {len(payload)}", f"Connection: {'keep-alive' if keep_alive else 'close'}"]
+    lines += [f"{k}: {v}" for k, v in headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
+
+
+def error_body(e: HttpError) -> dict:
+    return {"error": {"message": e.message, "type": e.kind, "code": e.status}}
+
+
+def _parse_input(body: dict, chat: bool) -> GenerateInput:
+    def typed(name, types, default=None):
+        value = body.get(name, default)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool) and bool not in types):
+            raise InvalidArgument(f"{name} must be {' or '.join(t.__name__ for t in types)}, got {value!r}")
+        return value
+
+    if typed("n", (int,), 1) != 1:
+        raise InvalidArgument("n must be 1: one completion per request")
+    stop = typed("stop", (str, list), [])
+    stop = [stop] if isinstance(stop, str) else stop
+    max_tokens = typed("max_tokens", (int,))
+    if max_tokens is None:
+        max_tokens = typed("max_completion_tokens", (int,))  # the newer chat name
+    req = GenerateInput(
+        model=typed("model", (str,), ""), max_tokens=max_tokens,
+        temperature=typed("temperature", (int, float)), top_k=typed("top_k", (int,), 0) or 0,
+        top_p=typed("top_p", (int, float)), seed=typed("seed", (int,)), stop=[str(s) for s in stop],
+        stop_token_ids=typed("stop_token_ids", (list,), []), ignore_eos=bool(body.get("ignore_eos", False)),
+        request_id=typed("request_id", (str,), ""))
+    if chat:
+        messages = typed("messages", (list,), [])
+        if not all(isinstance(m, dict) for m in messages):
+            raise InvalidArgument("messages must be a list of {\"role\": ..., \"content\": ...} objects")
+        req.chat = [{"role": str(m.get("role", "")), "content": _content_text(m.get("content"))} for m in messages]
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            req.prompt_text = prompt
+        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            req.prompt_token_ids = prompt
+        else:
+            raise InvalidArgument("prompt must be a string or a list of token ids (one prompt per request)")
+    return req
+
+
+def _content_text(content) -> str:
+    """OpenAI content is a string or a list of parts; text parts are joined, others refused."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        return "".join(str(p.get("text", "")) for p in content)
+    raise InvalidArgument("messages[].content must be a string or a list of {\"type\": \"text\"} parts")
+
+
+class HttpFrontDoor:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.port = 0
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._connection, host, port, limit=MAX_HEADER_BYTES)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    request = await read_request(reader)
+                    if request is None:
+                        return
+                    keep_alive = await self._dispatch(request, writer)
+                except HttpError as e:
+                    writer.write(response_bytes(e.status, error_body(e), e.headers, keep_alive=False))
+                    keep_alive = False
+                await writer.drain()
+                if not keep_alive:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the peer went away; a running generation was closed (and cancelled) already
+        finally:
+            writer.close()
+
+    async def _dispatch(self, request: Request, writer: asyncio.StreamWriter) -> bool:
+        routes = {("GET", "/v1/models"): self._models, ("GET", "/health"): self._health,
+                  ("POST", "/v1/completions"): self._completions, ("POST", "/v1/chat/completions"): self._chat}
+        handler = routes.get((request.method, request.path))
+        if handler is None:
+            if any(path == request.path for _, path in routes):
+                raise HttpError(405, f"{request.method} is not allowed on {request.path}")
+            raise HttpError(404, f"no route {request.path}; try /v1/completions, /v1/chat/completions, /v1/models")
+        try:
+            return await handler(request, writer)
+        except GatewayError as e:
+            raise http_error(e) from e
+
+    async def _health(self, request: Request, writer) -> bool:
+        status = 200 if self.gateway.is_serving else 503
+        writer.write(response_bytes(status, {"serving": self.gateway.is_serving}))
+        return True
+
+    async def _models(self, request: Request, writer) -> bool:
+        models = await self.gateway.list_models()
+        writer.write(response_bytes(200, {"object": "list", "data": [
+            {"id": m.name, "object": "model", "created": 0, "owned_by": "shardline", "max_model_len": m.max_model_len,
+             "num_stages": m.num_stages, "tp_size": m.tp_size, "num_routes": m.num_routes} for m in models]}))
+        return True
+
+    async def _completions(self, request: Request, writer) -> bool:
+        return await self._generate(request, writer, chat=False)
+
+    async def _chat(self, request: Request, writer) -> bool:
+        return await self._generate(request, writer, chat=True)
+
+    async def _generate(self, request: Request, writer: asyncio.StreamWriter, chat: bool) -> bool:
+        try:
+            body = json.loads(request.body or b"{}")
+        except ValueError as e:
+            raise HttpError(400, f"the request body is not JSON: {e}")
+        if not isinstance(body, dict):
+            raise HttpError(400, "the request body must be a JSON object")
+        generation = await self.gateway.submit(_parse_input(body, chat))
+        envelope = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{generation.request_id}",
+                    "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                    "model": generation.model}
+        async with aclosing(generation.events()) as events:
+            if body.get("stream"):
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                await self._stream(events, writer, envelope, chat, include_usage)
+                return False
+            text, complete = [], None
+            async for event in events:
+                if isinstance(event, Chunk):
+                    text.append(event.text)
+                else:
+                    complete = event
+        reason = FINISH_REASONS.get(complete.finish_reason, complete.finish_reason.lower())
+        choice = {"index": 0, "finish_reason": reason, "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": "".join(text)}
+        else:
+            choice["text"] = "".join(text)
+        writer.write(response_bytes(200, {**envelope, "choices": [choice], "usage": _usage(complete)}))
+        return True
+
+    async def _stream(self, events, writer: asyncio.StreamWriter, envelope: dict, chat: bool,
+                      include_usage: bool) -> None:
+        if chat:
+            envelope = {**envelope, "object": "chat.completion.chunk"}
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                     b"Connection: close\r\n\r\n")
+        is_first = True
+
+        async def send(obj: dict) -> None:
+            writer.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+            await writer.drain()  # raises ConnectionError once the client is gone: we stop and cancel
+
+        def choice(text: str, reason) -> dict:
+            if chat:
+                delta = {"role": "assistant", "content": text} if is_first else {"content": text}
+                return {"index": 0, "delta": delta, "finish_reason": reason}
+            return {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+
+        try:
+            async for event in events:
+                if isinstance(event, Chunk):
+                    if event.text or is_first:
+                        await send({**envelope, "choices": [choice(event.text, None)]})
+                        is_first = False
+                else:
+                    reason = FINISH_REASONS.get(event.finish_reason, event.finish_reason.lower())
+                    await send({**envelope, "choices": [choice("", reason)]})
+                    if include_usage:
+                        await send({**envelope, "choices": [], "usage": _usage(event)})
+        except GatewayError as e:  # the status line is sent: the error goes in the stream
+            await send(error_body(http_error(e)))
+        writer.write(b"data: [DONE]\n\n")
+
+
+def _usage(c: Complete) -> dict:
+    return {"prompt_tokens": c.usage.prompt_tokens, "completion_tokens": c.usage.completion_tokens,
+            "total_tokens": c.usage.total_tokens}
+
+
+async def start_http(gateway: Gateway, host: str, port: int) -> HttpFrontDoor:
+    front = HttpFrontDoor(gateway)
+    await front.start(host, port)
+    return front
+

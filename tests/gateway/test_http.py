@@ -1,0 +1,121 @@
+"""The OpenAI-compatible HTTP front door, over a real socket with the stdlib HTTP client."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+
+from shardline.client import Client
+from shardline.gateway.config import AdmissionConfig
+
+
+
+def post(port: int, path: str, body, method: str = "POST"):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request(method, path, body=json.dumps(body) if not isinstance(body, (bytes, str)) else body,
+                 headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    return response.status, dict(response.getheaders()), json.loads(data) if data else None
+
+
+def sse(port: int, path: str, body) -> list:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200 and response.getheader("Content-Type") == "text/event-stream"
+    events = []
+    for line in response:
+        line = line.decode().strip()
+        if line.startswith("data: "):
+            events.append(line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
+    conn.close()
+    return events
+
+
+def test_completions_models_and_chat(bench, model_name):
+    bench.route(model_name)
+    gw = bench.start_gateway(model_names=(model_name,), http_port=0)
+    port = gw.http_port
+    status, _, models = post(port, "/v1/models", None, method="GET")
+    assert status == 200 and [m["id"] for m in models["data"]] == [model_name]
+    with Client(f"127.0.0.1:{gw.port}", timeout=30) as client:
+        want = client.generate("hello world", max_tokens=12, temperature=0.0)
+    status, _, body = post(port, "/v1/completions", {"model": model_name, "prompt": "hello world", "max_tokens": 12,
+                                                     "temperature": 0})
+    assert status == 200 and body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == want.text and body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": want.usage.prompt_tokens, "completion_tokens": 12,
+                             "total_tokens": want.usage.prompt_tokens + 12}
+
+    events = sse(port, "/v1/completions", {"prompt": "hello world", "max_tokens": 12, "temperature": 0,
+                                           "stream": True, "stream_options": {"include_usage": True}})
+    assert events[-1] == "[DONE]"
+    assert "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"]) == want.text
+    assert [e["choices"][0]["finish_reason"] for e in events[:-1] if e["choices"]][-1] == "length"
+    assert events[-2]["usage"]["completion_tokens"] == 12
+
+    chat = {"messages": [{"role": "user", "content": "hi there"}], "max_tokens": 8}
+    status, _, body = post(port, "/v1/chat/completions", chat)
+    assert status == 200 and body["object"] == "chat.completion"
+    message = body["choices"][0]["message"]
+    assert message["role"] == "assistant" and body["usage"]["completion_tokens"] == 8
+    events = sse(port, "/v1/chat/completions", {**chat, "stream": True})
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) == message["content"]
+
+    status, _, health = post(port, "/health", None, method="GET")
+    assert status == 200 and health["serving"]
+
+
+def test_errors_map_to_http_statuses(bench, model_name):
+    bench.route(model_name, token_delay_s=0.05)
+    gw = bench.start_gateway(model_names=(model_name,), http_port=0,
+                             admission=AdmissionConfig(max_running=1, max_queued=0))
+    port = gw.http_port
+    cases = [({"prompt": "hi", "temperature": -1}, 400, "temperature -1"),
+             ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens 0"),
+             ({"prompt": [7] * 300}, 400, "context is 256"),
+             ({"prompt": "hi", "model": "nope"}, 404, "model 'nope' is unknown"),
+             ({"prompt": {"a": 1}}, 400, "prompt must be"),
+             ({"prompt": "hi", "n": 2}, 400, "n must be 1"),
+             ({"prompt": "hi", "max_tokens": "3"}, 400, "max_tokens must be int")]
+    for body, status, needle in cases:
+        got, _, error = post(port, "/v1/completions", body)
+        assert got == status and needle in error["error"]["message"], (body, got, error)
+    got, _, error = post(port, "/v1/completions", b"{not json")
+    assert got == 400 and "not JSON" in error["error"]["message"]
+    got, _, _ = post(port, "/v1/nothing", {})
+    assert got == 404
+
+    threading.Thread(target=lambda: post(port, "/v1/completions", {"prompt": "x", "max_tokens": 20})).start()
+    bench.wait_until(lambda: gw.gateway.admission.num_running == 1, what="a running request")
+    got, headers, error = post(port, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+    assert got == 429 and int(headers["Retry-After"]) >= 1 and "max_running 1" in error["error"]["message"]
+
+
+def test_no_route_is_503(bench, model_name):
+    bench.add_replica(model_name, 0)
+    gw = bench.start_gateway(model_names=(model_name,), http_port=0, route_wait_s=0.1)
+    status, _, error = post(gw.http_port, "/v1/completions", {"prompt": "hi"})
+    assert status == 503 and "stage [1]" in error["error"]["message"]
+    status, _, _ = post(gw.http_port, "/health", None, method="GET")
+    assert status == 503
+
+
+def test_sse_client_disconnect_cancels_downstream(bench, model_name):
+    (fake,), _ = bench.route(model_name, token_delay_s=0.02)
+    gw = bench.start_gateway(model_names=(model_name,), http_port=0)
+    body = json.dumps({"prompt": "hi", "max_tokens": 200, "stream": True, "request_id": "http-gone"}).encode()
+    with socket.create_connection(("127.0.0.1", gw.http_port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        received = b""
+        while received.count(b"data: ") < 3:
+            received += s.recv(4096)
+    bench.wait_until(lambda: "http-gone" in fake.cancelled, what="stage 0 stream closed after the HTTP client left")
+    with Client(f"127.0.0.1:{gw.port}", timeout=10) as client:
+        bench.wait_until(lambda: client.get_request("http-gone").state == "cancelled", what="record CANCELLED")
