@@ -52,9 +52,5 @@ class Unavailable(GatewayError):
     code, http_status = grpc.StatusCode.UNAVAILABLE, 503
 
 
-class Cancelled(GatewayError):
-    code, http_status = grpc.StatusCode.CANCELLED, 499
-
-
 class Internal(GatewayError):
     code, http_status = grpc.StatusCode.INTERNAL, 500

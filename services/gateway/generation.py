@@ -95,16 +95,28 @@ class Generation:
     _task: asyncio.Task | None = None
     _call: object | None = None  # the stage-0 Generate call in progress
     _cancel_requested: bool = False
+    _at_yield: bool = False  # suspended at a yield: the consumer, not events(), is running
     _broken_reason: str = ""
 
     # -- control from outside (Cancel RPC, registry watchdog) ---------------------------------------
 
     def cancel(self) -> None:
-        """Cancel wherever the request is (queued, waiting for a route, streaming)."""
+        """Cancel wherever the request is (queued, waiting for a route, streaming).
+
+        Inside one of our awaits, the task is cancelled and events() turns that into a final
+        Complete(CANCELLED). Suspended at a yield, the consumer's task is elsewhere (writing to
+        the client): cancelling it would look like a client disconnect, so only the flag is set and
+        checked when the consumer asks for the next event.
+        """
         if not self._cancel_requested:
             self._cancel_requested = True
-            if self._task is not None and self._task is not asyncio.current_task():
+            if self._task is not None and not self._at_yield and self._task is not asyncio.current_task():
                 self._task.cancel()
+
+    def _after_yield(self) -> None:
+        self._at_yield = False
+        if self._cancel_requested:
+            raise asyncio.CancelledError
 
     def route_vanished(self, address: str) -> None:
         """A replica of the current route left the registry: break the stream, resume elsewhere."""
@@ -140,16 +152,22 @@ class Generation:
                                 # whole characters); ids past it are not part of the completion.
                                 is_kept = response.num_tokens >= len(self.generated)  # this token's
                                 del self.generated[response.num_tokens:]
+                                self._at_yield = True
                                 yield Chunk(response.text, [token_id] if is_kept else [])
+                                self._after_yield()
                                 finish, matched_stop = "STOP", response.matched_stop
                                 break
+                            self._at_yield = True
                             yield Chunk(response.text, [token_id])
+                            self._after_yield()
                 except RouteBroken as e:
                     await self._resume_or_fail(str(e))
             flush = await detok.finish()
             if flush is not None and (flush.text or flush.matched_stop):
                 matched_stop = matched_stop or flush.matched_stop
+                self._at_yield = True
                 yield Chunk(flush.text, [])
+                self._after_yield()
             state = records.CANCELLED if finish == "CANCELLED" else records.FINISHED
             reason = finish
             yield self._complete(reason, matched_stop)

@@ -34,7 +34,7 @@ log = logging.getLogger("shardline.gateway.http")
 MAX_BODY_BYTES = 4 << 20
 MAX_HEADER_BYTES = 64 << 10
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large",
-           429: "Too Many Requests", 499: "Client Closed Request", 500: "Internal Server Error",
+           429: "Too Many Requests", 500: "Internal Server Error",
            503: "Service Unavailable"}
 FINISH_REASONS = {"LENGTH": "length", "STOP": "stop", "CANCELLED": "cancelled"}
 

@@ -75,19 +75,17 @@ class RecordStore:
         self.active_ttl_ms = int(active_record_ttl_s * 1000)
 
     async def create(self, request_id: str, model: str, params: dict, prompt_token_ids: list[int],
-                     gateway_id: str) -> float:
-        """A fresh QUEUED record (replacing a finished one of the same id); returns queued_at."""
-        now = time.time()
+                     gateway_id: str, queued_at: float) -> None:
+        """A fresh QUEUED record (replacing a finished one of the same id)."""
         async with self.redis.pipeline(transaction=True) as p:
             p.delete(record_key(request_id), generated_key(request_id))
             p.hset(record_key(request_id), mapping={
                 "request_id": request_id, "model": model, "state": QUEUED, "params": json.dumps(params),
                 "prompt_token_ids": json.dumps(prompt_token_ids), "num_prompt_tokens": len(prompt_token_ids),
-                "num_generated_tokens": 0, "num_resumes": 0, "queued_at": now, "gateway_id": gateway_id,
+                "num_generated_tokens": 0, "num_resumes": 0, "queued_at": queued_at, "gateway_id": gateway_id,
                 "route": "[]"})
             p.pexpire(record_key(request_id), self.active_ttl_ms)
             await p.execute()
-        return now
 
     async def running(self, request_id: str, route: list[str], num_resumes: int) -> None:
         fields = {"state": RUNNING, "route": json.dumps(route), "num_resumes": num_resumes}

@@ -26,7 +26,7 @@ from .config import GatewayConfig
 from .errors import GatewayError, ResourceExhausted
 from .generation import Chunk, Complete
 from .records import RequestRecord
-from .service import Gateway
+from .service import Gateway, new_request_id
 from .validation import GenerateInput
 
 log = logging.getLogger("shardline.gateway")
@@ -84,12 +84,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.gateway = gateway
 
     async def _submit(self, request, context):
+        req = input_from_wire(request)
+        req.request_id = req.request_id or new_request_id()
+        # Sent first: between submit() and iterating events() nothing may await, or a client gone
+        # in between would leave an accepted request that never runs.
+        await context.send_initial_metadata((("request-id", req.request_id),))
         try:
-            generation = await self.gateway.submit(input_from_wire(request))
+            return await self.gateway.submit(req)
         except GatewayError as e:
             await abort(context, e)
-        await context.send_initial_metadata((("request-id", generation.request_id),))
-        return generation
 
     async def Generate(self, request, context):
         generation = await self._submit(request, context)

@@ -47,6 +47,10 @@ class ModelInfo:
     num_routes: int
 
 
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
 class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
@@ -103,7 +107,7 @@ class Gateway:
         """
         check_fields(req)
         model = self.resolve_model(req.model)
-        request_id = req.request_id or uuid.uuid4().hex
+        request_id = req.request_id or new_request_id()
         if request_id in self._active:
             raise AlreadyExists(f"request_id {request_id!r} is already running; pick a new id or Cancel it first")
         self.admission.check()
@@ -124,11 +128,15 @@ class Gateway:
         sampling = resolve_sampling(req, max_tokens)
         self.admission.check()  # again: tokenizing took a while
         params = {**sampling.to_dict(), "stop": list(req.stop)}
-        queued_at = await self.records.create(request_id, model, params, prompt, self.gateway_id)
         generation = Generation(self, request_id, model, prompt, sampling, list(req.stop),
-                                tuple(info.eos_token_ids), queued_at)
+                                tuple(info.eos_token_ids), queued_at=time.time())
         self._active[request_id] = generation
-        return generation
+        try:
+            await self.records.create(request_id, model, params, prompt, self.gateway_id, generation.queued_at)
+        except BaseException:
+            del self._active[request_id]
+            raise
+        return generation  # no await from here until the caller iterates events()
 
     async def _finished(self, generation: Generation, state: str, reason: str, error: str) -> None:
         """Called once by every Generation as it ends, whatever the way."""
