@@ -286,3 +286,28 @@ def test_korean_and_emoji_stream_never_splits_a_character(bench, model_name, tok
     assert "".join(d.text for d in deltas) == tokenizer.decode(ids) == text, \
         "deltas must concatenate to the one-shot decode"
     assert not any("\ufffd" in d.text for d in deltas), "no delta may carry half a character"
+
+
+def test_cancel_reaches_the_gateway_replica_that_runs_the_request(bench, model_name):
+    (fake,), _ = bench.route(model_name, token_delay_s=0.02)
+    runs_it = bench.start_gateway(model_names=(model_name,))
+    other = bench.start_gateway(model_names=(model_name,))
+    with Client(f"127.0.0.1:{runs_it.port}", timeout=30) as a, Client(f"127.0.0.1:{other.port}", timeout=30) as b:
+        stream = a.stream("hello", max_tokens=200, request_id="cross-gw")
+        it = iter(stream)
+        next(it)
+        assert b.get_request("cross-gw").state == "running", "records are shared through Redis"
+        assert b.cancel("cross-gw") is True
+        list(it)
+        assert stream.finish_reason == "cancelled"
+        bench.wait_until(lambda: "cross-gw" in fake.cancelled, what="stage 0 stream closed")
+
+
+def test_command_line_errors_exit_2_with_a_message():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "shardline.gateway", "--redis-url", "redis://127.0.0.1:1/0",
+                           "--tokenizer", "127.0.0.1:1", "--max-model-len", "m=lots"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--max-model-len 'm=lots': 'lots' is not a valid int" in proc.stderr
