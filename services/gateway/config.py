@@ -38,6 +38,8 @@ class GatewayConfig:
     http_port: int | None = None  # OpenAI-compatible HTTP; None = off
     default_max_tokens: int = 16  # when a request sets none (capped by the context left)
     record_ttl_s: float = 3600.0  # a request record lives this long after it finishes
+    # A running request's new generated ids reach its Redis record at most this late.
+    record_interval_s: float = 0.05
     # A running request's record expires after this even if the gateway dies mid-request.
     active_record_ttl_s: float = 6 * 3600.0
     registry_ttl_s: float = 5.0  # heartbeat TTL the stage workers use; a replica gone this long is dead
@@ -59,7 +61,7 @@ class GatewayConfig:
         for name, n in self.max_model_len.items():
             if n < 2:
                 raise ConfigError(f"--max-model-len {name}={n} must be >= 2 tokens")
-        for what, v in (("record_ttl_s", self.record_ttl_s), ("registry_ttl_s", self.registry_ttl_s),
+        for what, v in (("record_ttl_s", self.record_ttl_s), ("record_interval_s", self.record_interval_s), ("registry_ttl_s", self.registry_ttl_s),
                         ("registry_poll_s", self.registry_poll_s), ("probe_timeout_s", self.probe_timeout_s)):
             if v <= 0:
                 raise ConfigError(f"{what} {v} must be > 0")

@@ -97,6 +97,8 @@ class Generation:
     _cancel_requested: bool = False
     _at_yield: bool = False  # suspended at a yield: the consumer, not events(), is running
     _broken_reason: str = ""
+    _num_recorded: int = 0  # generated ids already written to the Redis record
+    _recorded_at: float = 0.0  # monotonic time of the last such write
 
     # -- control from outside (Cancel RPC, registry watchdog) ---------------------------------------
 
@@ -251,6 +253,7 @@ class Generation:
 
     async def _resume_or_fail(self, why: str) -> None:
         gw = self.gateway
+        await self.flush_record()
         self.num_resumes += 1
         log.warning("request %s: route %s broke after %d tokens (%s); resume %d/%d", self.request_id,
                     self.route.addresses if self.route else [], len(self.generated), why, self.num_resumes,
@@ -262,11 +265,23 @@ class Generation:
                               f"failure: {why}")
 
     async def _record_token(self, token_id: int) -> None:
-        first_token_at = None
+        """Keep the token; write it to the Redis record at once if it is the first, else at most
+        every record_interval_s (a Redis round trip per token would cost more than the rest of the
+        gateway's per-token work)."""
         if not self.generated:
-            first_token_at = self.first_token_at = time.time()
+            self.first_token_at = time.time()
         self.generated.append(token_id)
-        await self.gateway.records.append_tokens(self.request_id, [token_id], len(self.generated), first_token_at)
+        if len(self.generated) == 1 or time.monotonic() - self._recorded_at >= self.gateway.config.record_interval_s:
+            await self.flush_record()
+
+    async def flush_record(self) -> None:
+        """Write the generated ids not yet in the Redis record."""
+        num_recorded = self._num_recorded
+        if num_recorded >= len(self.generated):
+            return
+        self._num_recorded, self._recorded_at = len(self.generated), time.monotonic()
+        await self.gateway.records.append_tokens(self.request_id, self.generated[num_recorded:], len(self.generated),
+                                                 self.first_token_at if num_recorded == 0 else None)
 
     def _cancel_stage0(self) -> None:
         call, self._call = self._call, None

@@ -145,6 +145,7 @@ class Gateway:
         if generation.route is not None:
             self.chooser.finished(generation.route, generation.request_id)
         try:
+            await asyncio.shield(generation.flush_record())
             await asyncio.shield(self.records.finish(generation.request_id, state, reason, error,
                                                      len(generation.generated)))
         except Exception:  # the client already has its answer; a lost record is only logged
