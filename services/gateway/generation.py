@@ -214,8 +214,12 @@ class Generation:
         try:
             async for event in self._call:
                 finish = FINISH_REASONS.get(event.finish_reason, "")
-                if finish == "ERROR":
-                    raise RouteBroken(f"stage 0 at {self.route.addresses[0]} reported: {event.error}")
+                if finish in ("ERROR", "CANCELLED"):
+                    # We cancel only by closing the stream, after which we read nothing: a CANCELLED
+                    # here, like an ERROR (a drained replica hands its sequences back this way),
+                    # means this route gave up on the sequence, not that the client did.
+                    raise RouteBroken(f"stage 0 at {self.route.addresses[0]} ended the sequence: "
+                                      f"{finish} {event.error}")
                 token_id = None
                 if event.HasField("token_id"):
                     if event.index < len(self.generated):
