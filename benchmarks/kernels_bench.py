@@ -251,10 +251,10 @@ def bench_decode_attention(sweep: bool) -> None:
             return build
         bench("decode attention", shape, "triton", make(attention.paged_attention), nbytes)
         if sweep and B <= 16:
-            for block_n in (16, 32, 128):
+            for block_n in (32, 128):
                 bench("decode attention", shape, f"triton BLOCK_N={block_n}",
                       make(paged_attention_triton, decode_block_n=block_n), nbytes)
-            for splits in (1, 4, 16, 32):
+            for splits in (1, 8, 32):
                 bench("decode attention", shape, f"triton splits={splits}",
                       make(paged_attention_triton, num_splits=splits), nbytes)
 
@@ -285,8 +285,7 @@ def bench_prefill_attention(sweep: bool) -> None:
         if sweep:
             for cfg in (dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
                         dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
-                        dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-                        dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=4)):
+                        dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2)):
                 name = "triton M{BLOCK_M} N{BLOCK_N} w{num_warps} s{num_stages}".format(**cfg)
                 bench("prefill attention", shape, name, make(paged_attention_triton, prefill_config=cfg),
                       nbytes, flops)
@@ -308,6 +307,19 @@ def bench_prefill_attention(sweep: bool) -> None:
 
 
 LLAMA_LINEARS = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336))
+
+
+def _cfg(bm, bn, bk, split, stages, warps):
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_stages=stages, num_warps=warps)
+
+
+INT8_SWEEP = {  # [M > 16] -> alternative launch configs of the int8 kernel
+    False: [_cfg(16, 64, 128, s, 4, 4) for s in (1, 2, 4, 8)]
+    + [_cfg(16, 32, 256, 4, 4, 4), _cfg(16, 64, 256, 4, 3, 4), _cfg(16, 128, 128, 4, 3, 8),
+       _cfg(16, 64, 128, 4, 6, 4)],
+    True: [_cfg(64, 64, 128, 1, 4, 8), _cfg(64, 64, 128, 4, 4, 8), _cfg(32, 64, 128, 4, 4, 4),
+           _cfg(64, 128, 64, 2, 4, 8)],
+}
 
 
 def bench_int8(sweep: bool) -> None:
@@ -336,14 +348,11 @@ def bench_int8(sweep: bool) -> None:
             tb = bench("bf16 linear", shape, "F.linear (cuBLAS)", make_bf16, bf16_bytes, flops=2 * M * N * K)
             if M == 1:
                 bench("int8_linear", shape, "ref (dequant+linear)", make(quant.int8_linear_ref), int8_bytes)
-            if sweep and M in (1, 16) and name in ("gate_up", "down", "o"):
-                for bn, bk, mode, stages, warps in ((16, 256, 0, 4, 4), (16, 512, 0, 3, 4), (32, 128, 0, 4, 4),
-                                                    (32, 256, 0, 4, 4), (64, 128, 0, 4, 4), (64, 256, 0, 3, 8),
-                                                    (16, 256, 1, 4, 4), (32, 256, 1, 4, 4), (16, 128, 0, 6, 4),
-                                                    (32, 512, 0, 3, 8)):
-                    cfg = dict(BLOCK_N=bn, BLOCK_K=bk, W_MODE=mode, num_warps=warps, num_stages=stages)
-                    bench("int8_linear", shape, f"N{bn} K{bk} m{mode} s{stages} w{warps}",
-                          make(int8_linear_triton, config=cfg), int8_bytes)
+            if sweep:
+                for cfg in INT8_SWEEP[M > 16]:
+                    label = "M{BLOCK_M} N{BLOCK_N} K{BLOCK_K} split{SPLIT_K} s{num_stages} w{num_warps}"
+                    bench("int8_linear", shape, label.format(**cfg), make(int8_linear_triton, config=cfg),
+                          int8_bytes)
             if t8 and tb:
                 per_step.setdefault(M, [0.0, 0.0])
                 per_step[M][0] += t8 * 32

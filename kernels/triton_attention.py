@@ -152,6 +152,30 @@ def _combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_heads, stride_o_t, 
 
 
 @triton.jit
+def _attend_tile(q, acc, l_i, m_i, q_pos, n0, kv_end, k_cache_ptr, v_cache_ptr, bt_row, d, dmask,
+                 kvh, scale_log2, stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok,
+                 stride_v_h, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, CAUSAL_MASK: tl.constexpr):
+    """One online-softmax step of the prefill kernel over keys [n0, n0 + BLOCK_N)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < kv_end
+    k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
+                      stride_k_blk, stride_k_tok, stride_k_h, BLOCK_SIZE)
+    v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
+                      stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
+    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2  # (M, N)
+    if CAUSAL_MASK:
+        visible = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))  # key 0 is visible to every row: finite
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
                     scale_log2, num_seqs,
                     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
@@ -191,29 +215,24 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_p
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P2], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    for n0 in range(0, kv_end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < kv_end
-        k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
-                          stride_k_blk, stride_k_tok, stride_k_h, BLOCK_SIZE)
-        v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
-                          stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2  # (M, N)
-        visible = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # key 0 is visible to every row: finite
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
-                                            input_precision=DOT_PRECISION)
-        m_i = m_new
+    # Keys before the block's first query position are visible to all its rows: no causal mask.
+    unmasked_end = (ctx_len + j * BLOCK_Q) // BLOCK_N * BLOCK_N
+    for n0 in range(0, unmasked_end, BLOCK_N):
+        acc, l_i, m_i = _attend_tile(q, acc, l_i, m_i, q_pos, n0, kv_end, k_cache_ptr, v_cache_ptr,
+                                     bt_row, d, dmask, kvh, scale_log2, stride_k_blk, stride_k_tok,
+                                     stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE,
+                                     BLOCK_N, DOT_PRECISION, False)
+    for n0 in range(unmasked_end, kv_end, BLOCK_N):  # the diagonal: one or two tiles
+        acc, l_i, m_i = _attend_tile(q, acc, l_i, m_i, q_pos, n0, kv_end, k_cache_ptr, v_cache_ptr,
+                                     bt_row, d, dmask, kvh, scale_log2, stride_k_blk, stride_k_tok,
+                                     stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE,
+                                     BLOCK_N, DOT_PRECISION, True)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + rows[:, None] * stride_o_t + heads[:, None] * stride_o_h + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dmask[None, :])
 
 
-def _num_splits(num_programs: int, max_ctx: int, num_sms: int, min_tokens: int = 128) -> int:
+def _num_splits(num_programs: int, max_ctx: int, num_sms: int, min_tokens: int = 64) -> int:
     """Context splits per (row, kv head): enough programs to fill the GPU twice over, while each
     split still holds min_tokens of the longest possible context. A power of two, at most 64."""
     splits = 1
@@ -276,6 +295,4 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
 def _prefill_config(T: int, hd: int, group: int) -> dict:
     if hd > 128:
         return dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2)
-    if T >= 1024:
-        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
-    return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+    return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)  # best on an H200, hd 128

@@ -1,13 +1,16 @@
 """Triton int8 weight-only GEMM for small M (decode): y = (x @ w_int8.T) * scale + bias.
 
-Decode is bound by the bytes of the weights, so the kernel streams int8 [N, K] tiles, dequantises
-them in registers and applies the per-output-channel scale once, in the epilogue (scale is constant
-along K). Imported only when a CUDA tensor arrives. How the int8 values become matrix-unit operands
-is a compile-time choice (W_MODE), timed in benchmarks/kernels_bench.py:
+Decode is bound by the bytes of the weights, so the kernel streams int8 [N, K] tiles, converts them
+to x's dtype in registers for the matrix units and applies the per-output-channel scale once, in
+the epilogue (scale is constant along K). Imported only when a CUDA tensor arrives.
 
-    0  w.to(x.dtype), dot in x's dtype (bf16/fp16)
-    1  exact int8 -> fp32 by the 1.5 * 2^23 magic-number trick (integer add + float subtract, no
-       conversion instructions), x upcast to fp32, tf32 dot (exact: int8 and bf16 fit tf32)
+Bandwidth needs many tiles in flight, and a [4096, K] weight cut into BLOCK_N=64 rows gives only
+64 programs for 132 multiprocessors; so K is split too (SPLIT_K programs per output tile). Each
+split writes its fp32 partial to a workspace and bumps the tile's counter; the split that arrives
+last sums the partials in a fixed order (deterministic), runs the epilogue and resets the counter
+to zero for the next call. One launch, no host synchronisation: safe to capture in a CUDA graph
+(warm up before capturing, so that the counters are allocated outside the capture). Calls that
+share a device must be ordered (one stream), as the counters are shared.
 """
 
 from __future__ import annotations
@@ -17,57 +20,97 @@ import triton
 import triton.language as tl
 
 
-
 @triton.jit
-def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K,
+def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
                         stride_xm, stride_wn, stride_om,
-                        HAS_BIAS: tl.constexpr, W_MODE: tl.constexpr, EVEN_K: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                        SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
-    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    # This split's share of K, in whole BLOCK_K tiles.
+    k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_lo + offs_k)[None, :]
     m_mask = offs_m[:, None] < M
     n_mask = offs_n[:, None] < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
             x = tl.load(x_ptrs, mask=m_mask, other=0.0)
             w = tl.load(w_ptrs, mask=n_mask, other=0)
         else:
-            k_mask = (k0 + offs_k[None, :]) < K
+            k_mask = (k0 + offs_k[None, :]) < k_hi
             x = tl.load(x_ptrs, mask=m_mask & k_mask, other=0.0)
             w = tl.load(w_ptrs, mask=n_mask & k_mask, other=0)
-        if W_MODE == 0:
-            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=DOT_PRECISION)
-        else:
-            wf = (w.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
-            acc = tl.dot(x.to(tl.float32), tl.trans(wf), acc, input_precision="tf32")
+        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    out_mask = m_mask & (offs_n[None, :] < N)
+    if SPLIT_K > 1:
+        tile_offs = offs_m[:, None] * N + offs_n[None, :]
+        tl.store(part_ptr + pid_k * M * N + tile_offs, acc, mask=out_mask)
+        tl.debug_barrier()  # every thread's partial is written before the counter moves
+        tile = pid_m * tl.num_programs(0) + pid_n
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:  # the last split of this tile reduces
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                acc += tl.load(part_ptr + s * M * N + tile_offs, mask=out_mask, other=0.0,
+                               cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + tile, 0)
+            _epilogue(acc, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, N, stride_om, out_mask,
+                      HAS_BIAS)
+    else:
+        _epilogue(acc, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, N, stride_om, out_mask, HAS_BIAS)
+
+
+@triton.jit
+def _epilogue(acc, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, N, stride_om, out_mask,
+              HAS_BIAS: tl.constexpr):
     scale = tl.load(scale_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
     y = acc * scale[None, :]
     if HAS_BIAS:
         y += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
-             y.to(out_ptr.dtype.element_ty), mask=m_mask & (offs_n[None, :] < N))
+             y.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-# Default launch configuration by M bucket; benchmarks/kernels_bench.py sweeps alternatives.
-SMALL_M_MAX = 64
-_CONFIGS = {
-    16: dict(BLOCK_N=16, BLOCK_K=256, W_MODE=0, num_warps=4, num_stages=4),
-    32: dict(BLOCK_N=32, BLOCK_K=128, W_MODE=0, num_warps=4, num_stages=4),
-    64: dict(BLOCK_N=64, BLOCK_K=128, W_MODE=0, num_warps=4, num_stages=3),
-}
+SMALL_M_MAX = 64  # above this the product is compute-bound: dequantise once and use cuBLAS
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
+    counters = _counters.get(device)
+    if counters is None or counters.numel() < n:
+        counters = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _counters[device] = counters
+    return counters
+
+
+def default_config(M: int, N: int, K: int, num_sms: int) -> dict:
+    """BLOCK_N=64 x BLOCK_K=128 tiles (fastest on an H200 for M <= 16, benchmarks/kernels_bench.py);
+    split K until there are two programs per multiprocessor, keeping >= 4 K tiles per split."""
+    block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
+    cfg = dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128, num_warps=4 if block_m <= 32 else 8,
+               num_stages=4)
+    tiles = triton.cdiv(N, 64) * triton.cdiv(M, block_m)
+    split = 1
+    while tiles * split < 2 * num_sms and K >= 2 * split * 4 * 128 and split < 8:
+        split *= 2
+    cfg["SPLIT_K"] = split
+    return cfg
 
 
 def int8_linear_triton(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor,
                        bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+    from ._dispatch import sm_count
     N, K = w_int8.shape
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
@@ -78,17 +121,20 @@ def int8_linear_triton(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tenso
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     assert w_int8.stride(-1) == 1, "int8 weight rows must be contiguous"
-    block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
-    cfg = dict(config or _CONFIGS[block_m])
-    block_m = cfg.pop("BLOCK_M", block_m)
-    if x.dtype == torch.float32:
-        cfg["W_MODE"] = 0  # tf32 would round fp32 activations: keep the exact (slow) ieee dot
+    cfg = dict(config or default_config(M, N, K, sm_count(x)))
+    block_m, split_k = cfg.pop("BLOCK_M", 16 if M <= 16 else 64), cfg.pop("SPLIT_K", 1)
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if M:
-        grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m))
-        _int8_linear_kernel[grid](x2, w_int8, scale, bias if bias is not None else scale, out,
-                                  M, N, K, x2.stride(0), w_int8.stride(0), out.stride(0),
-                                  HAS_BIAS=bias is not None, EVEN_K=K % cfg["BLOCK_K"] == 0,
-                                  DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                                  BLOCK_M=block_m, **cfg)
+    if M == 0:
+        return out.view(*x.shape[:-1], N)
+    grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m), split_k)
+    if split_k > 1:
+        part = torch.empty((split_k, M, N), dtype=torch.float32, device=x.device)
+        counters = _tile_counters(x.device, grid[0] * grid[1])
+    else:
+        part, counters = out, out  # unused
+    _int8_linear_kernel[grid](x2, w_int8, scale, bias if bias is not None else scale, out, part,
+                              counters, M, N, K, x2.stride(0), w_int8.stride(0), out.stride(0),
+                              HAS_BIAS=bias is not None, EVEN_K=K % cfg["BLOCK_K"] == 0,
+                              DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+                              SPLIT_K=split_k, BLOCK_M=block_m, **cfg)
     return out.view(*x.shape[:-1], N)

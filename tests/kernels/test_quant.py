@@ -50,15 +50,40 @@ def test_int8_linear_triton(device, dtype, M, N, K, with_bias):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("w_mode", [0, 1])
-@pytest.mark.parametrize("block_n,block_k", [(16, 256), (32, 128), (64, 64)])
-def test_int8_linear_configs(device, w_mode, block_n, block_k):
+@pytest.mark.parametrize("split_k", [1, 2, 3, 8])
+@pytest.mark.parametrize("block_m,block_n,block_k", [(16, 64, 128), (16, 32, 256), (64, 64, 64)])
+@pytest.mark.parametrize("K", [384, 400])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_int8_linear_split_k_configs(device, split_k, block_m, block_n, block_k, K, dtype):
     from shardline.kernels.triton_quant import int8_linear_triton
-    skip_interpreted_bf16_dot(device, torch.bfloat16 if w_mode == 0 else torch.float16)
-    x, q, scale, bias = _problem(3, 200, 384, torch.bfloat16, device, True)
-    cfg = dict(BLOCK_N=block_n, BLOCK_K=block_k, W_MODE=w_mode, num_warps=4, num_stages=3)
-    assert_close(int8_linear_triton(x, q, scale, bias, config=cfg), int8_linear_ref(x, q, scale, bias),
-                 f"int8_linear config {cfg}")
+    skip_interpreted_bf16_dot(device, dtype)
+    x, q, scale, bias = _problem(3, 200, K, dtype, device, True)
+    cfg = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4,
+               num_stages=3)
+    want = int8_linear_ref(x, q, scale, bias)
+    for attempt in range(2):  # the tile counters must be back at zero after each call
+        assert_close(int8_linear_triton(x, q, scale, bias, config=cfg), want,
+                     f"int8_linear {cfg}, call {attempt + 1}")
+
+
+@pytest.mark.gpu
+def test_int8_linear_split_k_is_deterministic_and_graph_capturable(device):
+    if device != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    x, q, scale, _ = _problem(1, 4096, 4096, torch.bfloat16, device, False)
+    first = int8_linear(x, q, scale)  # compiles and allocates the counters outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = int8_linear(x, q, scale)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, first), "split-K partials are summed in a fixed order"
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, int8_linear_ref(x, q, scale), "int8_linear replayed on new input")
 
 
 @pytest.mark.gpu
