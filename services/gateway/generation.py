@@ -28,7 +28,9 @@ from shardline.v1 import common_pb2
 
 from . import records
 from .errors import GatewayError, Internal, InvalidArgument, Unavailable
+from .admission import Slot
 from .routing import Route
+from .tokenizer_client import Detokenizer
 
 if TYPE_CHECKING:
     from .service import Gateway
@@ -97,6 +99,9 @@ class Generation:
     _cancel_requested: bool = False
     _at_yield: bool = False  # suspended at a yield: the consumer, not events(), is running
     _broken_reason: str = ""
+    _detok: Detokenizer | None = None
+    _slot: Slot | None = None
+    _has_ended: bool = False
     _num_recorded: int = 0  # generated ids already written to the Redis record
     _recorded_at: float = 0.0  # monotonic time of the last such write
 
@@ -133,14 +138,13 @@ class Generation:
         gone) cancels the request downstream."""
         gw = self.gateway
         self._task = asyncio.current_task()
-        detok = gw.tokenizer(self.model).detokenizer(
+        self._detok = detok = gw.tokenizer(self.model).detokenizer(
             self.stop, self.prompt_token_ids[-gw.config.detokenize_prefix_tokens:])
         state, reason, error, matched_stop = records.FAILED, "ERROR", "", ""
-        slot = None
         try:
             if self._cancel_requested:
                 raise asyncio.CancelledError
-            slot = await gw.admission.acquire()
+            self._slot = await gw.admission.acquire()
             finish = ""
             while not finish:
                 try:
@@ -170,16 +174,17 @@ class Generation:
                 self._at_yield = True
                 yield Chunk(flush.text, [])
                 self._after_yield()
-            state = records.CANCELLED if finish == "CANCELLED" else records.FINISHED
-            reason = finish
-            yield self._complete(reason, matched_stop)
+            complete = self._complete(finish, matched_stop)
+            await self._end(records.FINISHED, finish, "")  # recorded before the client hears of it
+            yield complete
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if not (self._cancel_requested and task.uncancel() == 0):
                 state, reason, error = records.CANCELLED, "CANCELLED", "the client went away"
                 raise  # the consumer is gone (client disconnect): cleanup below, then propagate
-            state, reason, error = records.CANCELLED, "CANCELLED", "cancelled by request"
-            yield self._complete("CANCELLED", "")
+            complete = self._complete("CANCELLED", "")
+            await self._end(records.CANCELLED, "CANCELLED", "cancelled by request")
+            yield complete
         except GeneratorExit:
             state, reason, error = records.CANCELLED, "CANCELLED", "the client went away"
             raise
@@ -191,11 +196,20 @@ class Generation:
             error = f"internal error: {e}"
             raise Internal(f"request {self.request_id} failed inside the gateway: {e}") from e
         finally:
-            self._cancel_stage0()
-            detok.close()
-            if slot is not None:
-                slot.release()
-            await gw._finished(self, state, reason, error)
+            await self._end(state, reason, error)
+
+    async def _end(self, state: str, reason: str, error: str) -> None:
+        """Once, however the request ends: close the stage-0 stream (this frees the KV cache along
+        the route), give the slot back, write the final record."""
+        if self._has_ended:
+            return
+        self._has_ended = True
+        self._cancel_stage0()
+        if self._detok is not None:
+            self._detok.close()
+        if self._slot is not None:
+            self._slot.release()
+        await self.gateway._finished(self, state, reason, error)
 
     async def _stream_from_a_route(self) -> AsyncIterator[tuple[int | None, str]]:
         """(token id, finish reason or "") pairs from one route: new tokens only, in index order.
