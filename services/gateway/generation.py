@@ -27,7 +27,7 @@ from shardline.sampling import SamplingParams
 from shardline.v1 import common_pb2
 
 from . import records
-from .errors import GatewayError, Internal, InvalidArgument, Unavailable
+from .errors import GatewayError, Internal, InvalidArgument, OutOfRange, Unavailable
 from .admission import Slot
 from .routing import Route
 from .tokenizer_client import Detokenizer
@@ -254,8 +254,10 @@ class Generation:
         except grpc.aio.AioRpcError as e:
             if e.code() in RESUMABLE_CODES:
                 raise RouteBroken(f"stage 0 at {self.route.addresses[0]}: {e.code().name}: {e.details()}")
-            if e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
+            if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise InvalidArgument(f"stage 0 rejected the request: {e.details()}")
+            if e.code() == grpc.StatusCode.OUT_OF_RANGE:
+                raise OutOfRange(f"stage 0 rejected the request: {e.details()}")
             raise Internal(f"stage 0 at {self.route.addresses[0]} failed: {e.code().name}: {e.details()}")
         finally:
             self._cancel_stage0()

@@ -159,11 +159,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 class RunningGateway:
     gateway: Gateway
     server: grpc.aio.Server
+    health: health.aio.HealthServicer
     port: int
     http_port: int | None = None
     http_server: object | None = None
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        """Not ready at once (load balancers stop sending), then let running calls finish for up
+        to grace_s; what still runs after that is cancelled downstream."""
+        await self.health.enter_graceful_shutdown()
         if self.http_server is not None:
             await self.http_server.stop()
         await self.server.stop(grace_s)
@@ -193,7 +197,7 @@ async def start(config: GatewayConfig) -> RunningGateway:
         raise RuntimeError(f"could not bind the gateway's gRPC port {config.host}:{config.port}")
     await gateway.start()
     await server.start()
-    running = RunningGateway(gateway, server, port)
+    running = RunningGateway(gateway, server, health_servicer, port)
     if config.http_port is not None:
         from .http import start_http
         running.http_server = await start_http(gateway, config.host, config.http_port)
