@@ -50,8 +50,13 @@ def load_shard(model_dir: str | Path, manifest: Manifest, stage: int, rank: int,
 
 class StageEngine:
     def __init__(self, model_dir: str | Path | None, stage: int, tp: TPGroup, config: EngineConfig,
-                 manifest: Manifest | None = None, weights: dict[str, torch.Tensor] | None = None) -> None:
-        """`weights` (with `manifest`) instead of a model directory: benchmarks on random weights."""
+                 manifest: Manifest | None = None, weights: dict[str, torch.Tensor] | None = None,
+                 kv_share: float = 1.0) -> None:
+        """`weights` (with `manifest`) instead of a model directory: benchmarks on random weights.
+
+        `kv_share`: the part of the GPU memory left for KV caches that this engine takes (several
+        stages in one process split it; a stage-worker pod takes it all).
+        """
         self.manifest = manifest or Manifest.read(model_dir)
         if tp.size != self.manifest.tp:
             raise ConfigError(f"the model was converted for tp={self.manifest.tp}, but this group has "
@@ -72,7 +77,7 @@ class StageEngine:
         self.dtype = MODEL_DTYPES[self.manifest.dtype]
         num_kv_heads = cfg.num_kv_heads // tp.size
         num_blocks = config.num_blocks or plan_num_blocks(
-            self._kv_budget(), self.spec.num_layers, config.block_size, num_kv_heads, cfg.head_dim, self.dtype)
+            int(self._kv_budget() * kv_share), self.spec.num_layers, config.block_size, num_kv_heads, cfg.head_dim, self.dtype)
         self.kv_cache = KVCache(self.spec.num_layers, num_blocks, config.block_size, num_kv_heads,
                                 cfg.head_dim, self.dtype, self.device)
         self.kv_layers = self.kv_cache.layers()

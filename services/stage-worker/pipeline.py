@@ -33,7 +33,9 @@ class LocalPipeline:
         self.config = config or EngineConfig()
         if engines is None:
             manifest = Manifest.read(model_dir)
-            engines = [StageEngine(model_dir, s, self.tp, self.config, manifest) for s in range(manifest.pp)]
+            # Every stage in this one process: stage s takes 1/(pp - s) of the KV memory still free.
+            engines = [StageEngine(model_dir, s, self.tp, self.config, manifest, kv_share=1 / (manifest.pp - s))
+                       for s in range(manifest.pp)]
         self.engines = engines
         self.manifest = engines[0].manifest
         first = self.engines[0]
@@ -61,8 +63,7 @@ class LocalPipeline:
             batch = self.scheduler.schedule()
             if not batch.chunks:
                 continue
-            ids = [t for c in batch.chunks for t in self.scheduler.chunk_token_ids(c)]
-            tokens = self.run_batch(batch, torch.tensor(ids, dtype=torch.int64))
+            tokens = self.run_batch(batch, self.scheduler.input_ids(batch))
             self.scheduler.on_tokens(batch, tokens)
         freed = self.scheduler.take_pending_free()
         for engine in self.engines:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import torch
+
 from shardline.stage_worker.batch import SequenceChunk, StageBatch
 from shardline.stage_worker.sequence import FinishReason, Sequence, SequenceStatus
 
@@ -82,9 +84,18 @@ class Scheduler:
             budget -= n
         return batch
 
-    def chunk_token_ids(self, chunk: SequenceChunk) -> list[int]:
-        seq = self.running[chunk.request_id]
-        return seq.token_ids[chunk.start_position:chunk.start_position + chunk.num_tokens]
+    def input_ids(self, batch: StageBatch) -> torch.Tensor:
+        """The token ids a micro-batch feeds the first stage [T] (int64, host)."""
+        ids: list[int] = []
+        for c in batch.chunks:
+            seq = self.running[c.request_id]
+            start, end = c.start_position, c.start_position + c.num_tokens
+            n_prompt = len(seq.prompt_token_ids)
+            if start >= n_prompt:  # decode: only generated tokens, no copy of the prompt
+                ids.extend(seq.output_token_ids[start - n_prompt:end - n_prompt])
+            else:
+                ids.extend(seq.token_ids[start:end])
+        return torch.tensor(ids, dtype=torch.int64)
 
     def on_tokens(self, batch: StageBatch, token_ids: list[int]) -> list[Sequence]:
         """The last stage's tokens for `batch` (one per sampled chunk). Returns sequences that got

@@ -41,6 +41,12 @@ class Sequence:
     # A micro-batch holding this sequence's sampled chunk is in the pipeline.
     in_flight: bool = False
 
+    def __post_init__(self) -> None:
+        stops = set(self.sampling.stop_token_ids)
+        if not self.sampling.ignore_eos:
+            stops.update(self.eos_token_ids)
+        self._stop_ids = frozenset(stops)
+
     @property
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
@@ -56,10 +62,7 @@ class Sequence:
     def append_token(self, token_id: int) -> None:
         """Record a sampled token and decide whether the sequence is done."""
         self.output_token_ids.append(token_id)
-        stops = set(self.sampling.stop_token_ids)
-        if not self.sampling.ignore_eos:
-            stops.update(self.eos_token_ids)
-        if token_id in stops:
+        if token_id in self._stop_ids:
             self.finish(FinishReason.STOP)
         elif len(self.output_token_ids) >= self.sampling.max_tokens:
             self.finish(FinishReason.LENGTH)

@@ -325,7 +325,7 @@ class StageWorker:
             batch = self.scheduler.schedule(route, max_seqs=per_micro_batch)
             if not batch.chunks:
                 continue
-            ids = torch.tensor([t for c in batch.chunks for t in self.scheduler.chunk_token_ids(c)], dtype=torch.int64)
+            ids = self.scheduler.input_ids(batch)
             try:
                 out = self.engine.step(batch, ids)
             except (OutOfBlocks, ConfigError) as e:
