@@ -311,3 +311,14 @@ def test_command_line_errors_exit_2_with_a_message():
                            "--tokenizer", "127.0.0.1:1", "--max-model-len", "m=lots"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--max-model-len 'm=lots': 'lots' is not a valid int" in proc.stderr
+
+
+def test_chat_prompt_is_rendered_with_the_template(bench, model_name, tokenizer_service):
+    (fake,), _ = bench.route(model_name)
+    gw = bench.start_gateway(model_names=(model_name,))
+    _, tokenizer = tokenizer_service
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    with Client(f"127.0.0.1:{gw.port}", timeout=30) as client:
+        result = client.generate(messages, max_tokens=3)
+    assert list(fake.admitted[-1].prompt_token_ids) == tokenizer.apply_chat_template(messages).token_ids
+    assert result.usage.completion_tokens == 3
