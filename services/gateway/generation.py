@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import grpc
+from redis.exceptions import RedisError
 
 from shardline.sampling import SamplingParams
 from shardline.v1 import common_pb2
@@ -222,7 +223,7 @@ class Generation:
             return
         self.route = await gw.wait_for_route(self.model, self.request_id)
         self._broken_reason = ""
-        await gw.records.running(self.request_id, self.route.addresses, self.num_resumes)
+        await self._best_effort(gw.records.running(self.request_id, self.route.addresses, self.num_resumes))
         self._call = gw.stages.generate(self.route.addresses[0], self.request_id, self.prompt_token_ids,
                                         self.sampling, self.route.downstream, list(self.generated))
         try:
@@ -300,8 +301,16 @@ class Generation:
         if num_recorded >= len(self.generated):
             return
         self._num_recorded, self._recorded_at = len(self.generated), time.monotonic()
-        await self.gateway.records.append_tokens(self.request_id, self.generated[num_recorded:], len(self.generated),
-                                                 self.first_token_at if num_recorded == 0 else None)
+        await self._best_effort(self.gateway.records.append_tokens(
+            self.request_id, self.generated[num_recorded:], len(self.generated),
+            self.first_token_at if num_recorded == 0 else None))
+
+    async def _best_effort(self, record_write) -> None:
+        """A running request outlives a Redis blip: its record falls behind, the client does not."""
+        try:
+            await record_write
+        except RedisError as e:
+            log.warning("request %s: could not update its record in Redis: %s", self.request_id, e)
 
     def _cancel_stage0(self) -> None:
         call, self._call = self._call, None

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, replace
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from shardline.manifest import Manifest
 from shardline.registry import Registry, ReplicaInfo
@@ -133,8 +134,10 @@ class Gateway:
         self._active[request_id] = generation
         try:
             await self.records.create(request_id, model, params, prompt, self.gateway_id, generation.queued_at)
-        except BaseException:
+        except BaseException as e:
             del self._active[request_id]
+            if isinstance(e, RedisError):
+                raise Unavailable(f"cannot record the request in Redis ({e}); retry later") from e
             raise
         return generation  # no await from here until the caller iterates events()
 
@@ -158,16 +161,22 @@ class Gateway:
         if generation is not None:
             generation.cancel()
             return True, records.RUNNING if generation.route else records.QUEUED
-        record = await self.records.get(request_id)
-        if record is None:
-            return False, ""
-        if record.state in records.ACTIVE_STATES:
-            await self.records.publish_cancel(request_id)
-            return True, record.state
+        try:
+            record = await self.records.get(request_id)
+            if record is None:
+                return False, ""
+            if record.state in records.ACTIVE_STATES:
+                await self.records.publish_cancel(request_id)
+                return True, record.state
+        except RedisError as e:
+            raise Unavailable(f"cannot reach Redis to cancel {request_id!r} on another gateway ({e}); retry") from e
         return False, record.state
 
     async def get_request(self, request_id: str) -> RequestRecord:
-        record = await self.records.get(request_id)
+        try:
+            record = await self.records.get(request_id)
+        except RedisError as e:
+            raise Unavailable(f"cannot read request records from Redis ({e}); retry later") from e
         if record is None:
             raise NotFound(f"request {request_id!r} is unknown (never seen, or its record expired after "
                            f"{self.config.record_ttl_s:.0f}s)")

@@ -19,6 +19,8 @@ from shardline.gateway.admission import MIN_RETRY_AFTER_S
 from shardline.gateway.config import AdmissionConfig
 from shardline.gateway.records import generated_key, record_key
 
+from gateway_bench import SCRIPT_TEXT, Bench
+
 
 def test_stream_and_unary_agree_and_text_is_the_decode(bench, model_name, tokenizer_service):
     (fake,), _ = bench.route(model_name)
@@ -322,3 +324,46 @@ def test_chat_prompt_is_rendered_with_the_template(bench, model_name, tokenizer_
         result = client.generate(messages, max_tokens=3)
     assert list(fake.admitted[-1].prompt_token_ids) == tokenizer.apply_chat_template(messages).token_ids
     assert result.usage.completion_tokens == 3
+
+
+
+def test_redis_going_away_does_not_break_running_streams(loop_thread, tokenizer_service, model_name):
+    import shutil
+    import socket
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    redis_proc = subprocess.Popen([shutil.which("redis-server"), "--port", str(port), "--bind", "127.0.0.1",
+                                   "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    address, tokenizer = tokenizer_service
+    own = Bench(loop_thread, f"redis://127.0.0.1:{port}/0", address, tokenizer.encode(SCRIPT_TEXT))
+    try:
+        own.wait_until(lambda: _pings(own.registry), what="the private redis-server up")
+        own.route(model_name, token_delay_s=0.02)
+        gw = own.start_gateway(model_names=(model_name,))
+        with Client(f"127.0.0.1:{gw.port}", timeout=30, retry=NO_RETRY) as client:
+            stream = client.stream("hello", max_tokens=40)
+            it = iter(stream)
+            next(it)
+            redis_proc.terminate()
+            redis_proc.wait(10)
+            assert len([d for d in it]) == 39 and stream.finish_reason == "length", \
+                "a stream in flight must finish without Redis: the record is best effort"
+            with pytest.raises(Unavailable, match="Redis"):
+                client.generate("hello", max_tokens=2)
+            assert client.list_models()[0].num_routes == 1, "the last registry snapshot keeps serving reads"
+    finally:
+        redis_proc.kill()
+        for running in own.gateways:
+            loop_thread.run(running.stop(0))
+        for fake, _ in own.replicas.values():
+            loop_thread.run(fake.server.stop(0))
+
+
+def _pings(registry) -> bool:
+    try:
+        return registry.redis.ping()
+    except Exception:
+        return False
