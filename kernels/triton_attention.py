@@ -295,4 +295,5 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
 def _prefill_config(T: int, hd: int, group: int) -> dict:
     if hd > 128:
         return dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2)
-    return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)  # best on an H200, hd 128
+    # H200, hd 128, 2048-token causal chunk: 144 us against 154 for BLOCK_M=128 (8 warps).
+    return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)

@@ -95,14 +95,18 @@ def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 def default_config(M: int, N: int, K: int, num_sms: int) -> dict:
-    """BLOCK_N=64 x BLOCK_K=128 tiles (fastest on an H200 for M <= 16, benchmarks/kernels_bench.py);
-    split K until there are two programs per multiprocessor, keeping >= 4 K tiles per split."""
+    """BLOCK_N=64 x BLOCK_K=128 tiles; K split until there are two programs per multiprocessor,
+    keeping >= 4 K tiles per split, at most 8 splits (4 above M=16, where the fp32 partials
+    start to cost real traffic). Chosen from the H200 sweep in benchmarks/kernels_bench.py
+    (2026-11-29): at M=1 the 4096-row o/down projections ran 9.1/19.8 us with 8 splits against
+    15.3/46.9 unsplit; at M=64, 4 splits beat 8 (o: 16.8 vs 28.1 us)."""
     block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
     cfg = dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128, num_warps=4 if block_m <= 32 else 8,
                num_stages=4)
     tiles = triton.cdiv(N, 64) * triton.cdiv(M, block_m)
+    max_split = 8 if M <= 16 else 4
     split = 1
-    while tiles * split < 2 * num_sms and K >= 2 * split * 4 * 128 and split < 8:
+    while tiles * split < 2 * num_sms and K >= 2 * split * 4 * 128 and split < max_split:
         split *= 2
     cfg["SPLIT_K"] = split
     return cfg

@@ -40,7 +40,7 @@ def _problem(M, N, K, dtype, device, with_bias):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("M,N,K", [(1, 96, 64), (7, 100, 96), (16, 256, 100), (33, 96, 512),
+@pytest.mark.parametrize("M,N,K", [(1, 96, 64), (7, 100, 96), (16, 256, 100), (20, 96, 512), (33, 96, 512),
                                    (64, 200, 256), (100, 96, 64)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_int8_linear_triton(device, dtype, M, N, K, with_bias):
