@@ -136,7 +136,7 @@ def test_route_choice_spreads_load_over_stage0_replicas(bench, model_name):
     fakes, _ = bench.route(model_name, num_stage0=2, token_delay_s=0.05)
     gw = bench.start_gateway(model_names=(model_name,))
     address = f"127.0.0.1:{gw.port}"
-    threads = [threading.Thread(target=lambda: Client(address, timeout=30).generate("x", max_tokens=10))
+    threads = [threading.Thread(target=lambda: Client(address, timeout=30).generate("x", max_tokens=20))
                for _ in range(4)]
     for t in threads:
         t.start()
