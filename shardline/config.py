@@ -250,6 +250,9 @@ class EngineConfig:
     device: str = "cpu"
     verify_checksums: bool = True
     use_cuda_graphs: bool = True  # GPU decode steps replay captured graphs
+    # Launch decode step N+1 before reading step N's tokens (one-stage models). None: on for a
+    # one-stage model on a GPU, off elsewhere.
+    overlap_decode: bool | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

@@ -101,13 +101,16 @@ class StageEngine:
 
     # -- the step ---------------------------------------------------------------------------------
 
-    def step(self, batch: StageBatch, inputs: torch.Tensor) -> torch.Tensor | list[int]:
-        """Driver only: send the step to the followers, then run it here too."""
+    def step(self, batch: StageBatch, inputs: torch.Tensor, defer_tokens: bool = False) -> torch.Tensor | list[int]:
+        """Driver only: send the step to the followers, then run it here too.
+
+        `defer_tokens` (last stage): return the sampled ids as a device tensor without waiting for
+        them, so the caller can launch the next step first (overlap.py)."""
         if self.tp.size > 1:
             self.tp.broadcast_json({"op": "step", "stage": self.stage, "batch": batch.to_dict(),
                                     "shape": list(inputs.shape), "dtype": DTYPE_NAMES[inputs.dtype]})
             inputs = self.tp.broadcast_tensor(inputs.to(self.tp.device), tuple(inputs.shape), inputs.dtype)
-        return self.execute(batch, inputs)
+        return self.execute(batch, inputs, defer_tokens)
 
     def free(self, request_ids: list[str]) -> None:
         """Driver only: free sequences' KV blocks on every rank."""
@@ -117,7 +120,7 @@ class StageEngine:
             self.block_manager.free(rid)
 
     @torch.inference_mode()
-    def execute(self, batch: StageBatch, inputs: torch.Tensor) -> torch.Tensor | list[int]:
+    def execute(self, batch: StageBatch, inputs: torch.Tensor, defer_tokens: bool = False) -> torch.Tensor | list[int]:
         """Run one step on this rank. Raises OutOfBlocks/ConfigError before touching the cache."""
         started = time.perf_counter()
         for rid in batch.free_request_ids:
@@ -135,7 +138,9 @@ class StageEngine:
         if self.is_last and not batch.return_logits:
             sampled = batch.sampled
             positions = torch.tensor([c.start_position + c.num_tokens for c in sampled])
-            out = sample(out, [c.sampling for c in sampled], positions).tolist() if sampled else []
+            out = sample(out, [c.sampling for c in sampled], positions) if sampled else torch.empty(0, dtype=torch.int64)
+            if not defer_tokens:
+                out = out.tolist()
         elif self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         self.num_steps += 1

@@ -20,6 +20,7 @@ from shardline.parallel import TPGroup, init_tp_group, single_rank
 from shardline.sampling import SamplingParams
 from shardline.stage_worker.batch import SequenceChunk, StageBatch
 from shardline.stage_worker.engine import StageEngine, follow, stop_followers
+from shardline.stage_worker.overlap import OverlappedStepper, wants_overlap
 from shardline.stage_worker.scheduler import Scheduler
 from shardline.stage_worker.sequence import Sequence
 from shardline.wire import tensor_from_bytes, tensor_to_bytes
@@ -39,10 +40,13 @@ class LocalPipeline:
         self.engines = engines
         self.manifest = engines[0].manifest
         first = self.engines[0]
+        overlap = wants_overlap(first)
         self.scheduler = Scheduler(
             num_blocks=min(e.block_manager.num_blocks for e in self.engines),
             block_size=self.config.block_size, max_num_seqs=self.config.max_num_seqs,
-            max_num_batched_tokens=self.config.max_num_batched_tokens, max_model_len=first.max_model_len)
+            max_num_batched_tokens=self.config.max_num_batched_tokens, max_model_len=first.max_model_len,
+            lookahead=1 if overlap else 0)
+        self.stepper = OverlappedStepper(first, self.scheduler) if overlap else None
 
     def run_batch(self, batch: StageBatch, input_ids: torch.Tensor) -> torch.Tensor | list[int]:
         x: torch.Tensor | list[int] = input_ids
@@ -59,12 +63,15 @@ class LocalPipeline:
         seqs = [Sequence(f"local-{uuid.uuid4().hex[:12]}", list(p), sp, eos) for p, sp in zip(prompts, params)]
         for seq in seqs:
             self.scheduler.add(seq)
-        while self.scheduler.has_work:
+        while self.scheduler.has_work or (self.stepper and self.stepper.has_launched):
             batch = self.scheduler.schedule()
-            if not batch.chunks:
+            if self.stepper is not None:
+                done = self.stepper.step(batch)
+                if done is not None:
+                    self.scheduler.on_tokens(*done)
                 continue
-            tokens = self.run_batch(batch, self.scheduler.input_ids(batch))
-            self.scheduler.on_tokens(batch, tokens)
+            if batch.chunks:
+                self.scheduler.on_tokens(batch, self.run_batch(batch, self.scheduler.input_ids(batch)[0]))
         freed = self.scheduler.take_pending_free()
         for engine in self.engines:
             engine.free(freed)

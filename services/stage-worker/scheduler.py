@@ -6,6 +6,11 @@ prompts are prefilled in chunks) or their one newest token. New sequences join a
 finished ones leave at once. With PP stages, up to PP micro-batches are in flight; a sequence is
 in at most one of them, since its next token depends on the last.
 
+With `lookahead` = 1 (one stage on a GPU), a decoding sequence is scheduled again while its last
+token is still being sampled: the engine reads that token on the device (see overlap.py), so the
+host prepares step N+1 while the GPU runs step N. A sequence that turns out to have stopped
+wastes one step's row, and its extra token is dropped.
+
 Admission reserves KV blocks for a sequence's whole life (prompt + max_tokens), so a running
 sequence never has to be preempted for room.
 """
@@ -22,11 +27,12 @@ from shardline.stage_worker.sequence import FinishReason, Sequence, SequenceStat
 
 class Scheduler:
     def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int) -> None:
+                 max_model_len: int, lookahead: int = 0) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        self.lookahead = lookahead
         self.waiting: deque[Sequence] = deque()
         self.running: dict[str, Sequence] = {}
         self.num_reserved_blocks = 0
@@ -35,7 +41,7 @@ class Scheduler:
     # -- admission --------------------------------------------------------------------------------
 
     def blocks_reserved_for(self, seq: Sequence) -> int:
-        total = min(len(seq.prompt_token_ids) + seq.sampling.max_tokens, self.max_model_len)
+        total = min(len(seq.prompt_token_ids) + seq.sampling.max_tokens + self.lookahead, self.max_model_len)
         return -(-total // self.block_size)
 
     def add(self, seq: Sequence) -> None:
@@ -71,31 +77,44 @@ class Scheduler:
         for seq in self.running.values():
             if budget == 0 or (max_seqs is not None and len(batch.chunks) >= max_seqs):
                 break
-            if seq.in_flight or (route is not None and seq.route != route):
+            if not self._may_schedule(seq) or (route is not None and seq.route != route):
                 continue
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if n <= 0:
-                continue
-            sample = seq.num_computed_tokens + n == seq.num_tokens
+            known = seq.num_tokens + seq.num_pending
+            n = min(known - seq.num_computed_tokens, budget)
+            sample = seq.num_computed_tokens + n == known
             batch.chunks.append(SequenceChunk(seq.request_id, seq.num_computed_tokens, n, sample,
                                               seq.sampling if sample else None))
             seq.num_computed_tokens += n
-            seq.in_flight = sample
+            seq.num_pending += sample
             budget -= n
         return batch
 
-    def input_ids(self, batch: StageBatch) -> torch.Tensor:
-        """The token ids a micro-batch feeds the first stage [T] (int64, host)."""
+    def _may_schedule(self, seq: Sequence) -> bool:
+        if seq.num_pending > self.lookahead:
+            return False
+        if seq.num_pending and (seq.num_computed_tokens < seq.num_tokens  # prefill still running
+                                or len(seq.output_token_ids) + seq.num_pending >= seq.sampling.max_tokens):
+            return False
+        return seq.num_tokens + seq.num_pending > seq.num_computed_tokens
+
+    def input_ids(self, batch: StageBatch) -> tuple[torch.Tensor, list[tuple[int, str]]]:
+        """The token ids a micro-batch feeds the first stage [T] (int64, host), and the rows whose
+        token is still pending — (row, request_id), to be filled on the device (lookahead only)."""
         ids: list[int] = []
+        pending: list[tuple[int, str]] = []
         for c in batch.chunks:
             seq = self.running[c.request_id]
             start, end = c.start_position, c.start_position + c.num_tokens
             n_prompt = len(seq.prompt_token_ids)
-            if start >= n_prompt:  # decode: only generated tokens, no copy of the prompt
+            if end > seq.num_tokens:  # the last token was sampled by a step still running
+                pending.append((len(ids) + c.num_tokens - 1, c.request_id))
+                end -= 1
+                ids.extend(seq.output_token_ids[start - n_prompt:end - n_prompt] + [0])
+            elif start >= n_prompt:  # decode: only generated tokens, no copy of the prompt
                 ids.extend(seq.output_token_ids[start - n_prompt:end - n_prompt])
             else:
                 ids.extend(seq.token_ids[start:end])
-        return torch.tensor(ids, dtype=torch.int64)
+        return torch.tensor(ids, dtype=torch.int64), pending
 
     def on_tokens(self, batch: StageBatch, token_ids: list[int]) -> list[Sequence]:
         """The last stage's tokens for `batch` (one per sampled chunk). Returns sequences that got
@@ -105,7 +124,7 @@ class Scheduler:
             seq = self.running.get(chunk.request_id)
             if seq is None:  # cancelled while in flight
                 continue
-            seq.in_flight = False
+            seq.num_pending -= 1
             seq.append_token(token)
             updated.append(seq)
             if seq.is_finished:
@@ -150,7 +169,7 @@ class Scheduler:
         self._admit()
         seen: dict[tuple[str, ...], None] = {}
         for seq in self.running.values():
-            if not seq.in_flight and seq.num_computed_tokens < seq.num_tokens:
+            if self._may_schedule(seq):
                 seen.setdefault(seq.route, None)
         return list(seen)
 

@@ -38,8 +38,9 @@ class Sequence:
     error: str | None = None
     # Tokens whose k/v are in the cache, or scheduled into it by an in-flight micro-batch.
     num_computed_tokens: int = 0
-    # A micro-batch holding this sequence's sampled chunk is in the pipeline.
-    in_flight: bool = False
+    # Tokens sampled by launched steps whose values have not come back yet. More than one only
+    # with lookahead (overlapped decode), where the next step reads them on the device.
+    num_pending: int = 0
 
     def __post_init__(self) -> None:
         stops = set(self.sampling.stop_token_ids)
@@ -54,6 +55,11 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def in_flight(self) -> bool:
+        """A step that samples this sequence's next token is still running."""
+        return self.num_pending > 0
 
     @property
     def is_finished(self) -> bool:

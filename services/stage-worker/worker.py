@@ -29,6 +29,7 @@ from shardline.sampling import SamplingParams
 from shardline.stage_worker.batch import SequenceChunk, StageBatch
 from shardline.stage_worker.block_manager import OutOfBlocks
 from shardline.stage_worker.engine import StageEngine, stop_followers
+from shardline.stage_worker.overlap import OverlappedStepper, wants_overlap
 from shardline.stage_worker.scheduler import Scheduler
 from shardline.stage_worker.sequence import FinishReason, Sequence
 from shardline.v1 import common_pb2, stage_pb2, stage_pb2_grpc
@@ -146,9 +147,11 @@ class StageWorker:
         self._stopped = threading.Event()
         self.max_micro_batches_in_flight = 0
         if self.is_first:
+            overlap = wants_overlap(engine)
             self.scheduler = Scheduler(engine.block_manager.num_blocks, engine.block_manager.block_size,
                                        engine.config.max_num_seqs, engine.config.max_num_batched_tokens,
-                                       engine.max_model_len)
+                                       engine.max_model_len, lookahead=1 if overlap else 0)
+            self.stepper = OverlappedStepper(engine, self.scheduler) if overlap else None
             self._streams: dict[str, queue.Queue] = {}
             self._in_flight: dict[int, StageBatch] = {}
             self._deferred_free: dict[int, list[str]] = defaultdict(list)
@@ -314,9 +317,21 @@ class StageWorker:
     # stage 0 --------------------------------------------------------------------------------------
 
     def _can_schedule(self) -> bool:
+        if self.stepper is not None and self.stepper.has_launched:
+            return True
         return len(self._in_flight) < self.num_stages and bool(self.scheduler.routes_ready())
 
     def _schedule_and_run(self) -> None:
+        if self.stepper is not None:
+            batch = self.scheduler.schedule()
+            try:
+                done = self.stepper.step(batch)
+            except (OutOfBlocks, ConfigError) as e:
+                self._finish_failed(self.scheduler.on_error(batch, f"stage 0: {e}"))
+                return
+            if done is not None:
+                self._deliver(*done)
+            return
         for route in self.scheduler.routes_ready():
             if len(self._in_flight) >= self.num_stages:
                 break
@@ -325,7 +340,7 @@ class StageWorker:
             batch = self.scheduler.schedule(route, max_seqs=per_micro_batch)
             if not batch.chunks:
                 continue
-            ids = self.scheduler.input_ids(batch)
+            ids = self.scheduler.input_ids(batch)[0]
             try:
                 out = self.engine.step(batch, ids)
             except (OutOfBlocks, ConfigError) as e:
@@ -367,7 +382,7 @@ class StageWorker:
 
     def _cancel(self, request_id: str) -> None:
         seq = self.scheduler.running.get(request_id)
-        if seq is not None and seq.in_flight:
+        if seq is not None and seq.in_flight and self.num_stages > 1:
             # Its micro-batch is still downstream: free there only after it comes back, or the
             # late micro-batch would allocate the blocks again.
             mb_id = next(i for i, b in self._in_flight.items() if any(c.request_id == request_id for c in b.chunks))

@@ -48,3 +48,28 @@ def test_seeded_sampling_is_a_function_of_seed_and_position(converted):
     resumed = pipeline.generate([PROMPTS[0] + a[:6]], SamplingParams(max_tokens=10, temperature=1.0, seed=1,
                                                                       ignore_eos=True))[0]
     assert resumed == a[6:], "a resumed request must continue exactly where it stopped"
+
+
+@pytest.fixture(scope="module")
+def one_stage(tmp_path_factory):
+    root = tmp_path_factory.mktemp("one-stage")
+    hf = make_tiny_hf_model(root / "hf", "gpt2", seed=3)
+    convert(hf, root / "model", tp=1, pp=1, dtype="fp32")
+    return root / "model"
+
+
+def test_overlapped_decode_changes_no_token(one_stage):
+    """Launching step N+1 before reading step N's tokens (the GPU default for one stage) must give
+    exactly the tokens of the plain loop, stops and length limits included."""
+    params = [SamplingParams(max_tokens=3 + 5 * (i % 4), temperature=0.7 * (i % 2), seed=i,
+                             stop_token_ids=(17, 42) if i % 3 == 0 else ()) for i in range(len(PROMPTS))]
+    plain = LocalPipeline(one_stage, config=EngineConfig(num_blocks=64, overlap_decode=False))
+    overlapped = LocalPipeline(one_stage, config=EngineConfig(num_blocks=64, overlap_decode=True,
+                                                              max_num_batched_tokens=24))
+    assert overlapped.stepper is not None
+    want = plain.generate(PROMPTS, params)
+    got = overlapped.generate(PROMPTS, params)
+    assert got == want, "overlapped decode must not change any token"
+    assert any(len(w) < p.max_tokens for w, p in zip(want, params)), "the test should include early stops"
+    bm = overlapped.engines[0].block_manager
+    assert bm.num_free_blocks == bm.num_blocks, "lookahead steps must not leak KV blocks"

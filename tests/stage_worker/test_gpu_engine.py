@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU path is "
                                  "covered by test_matches_hf.py and test_batching.py")]
 
+GPU = EngineConfig(device="cuda", num_blocks=256)  # several pipelines share the GPU in this process
 PROMPTS = [[1, 17, 42, 99, 7, 250, 3], [1] + list(range(5, 70)), [2, 9], [1, 100, 200] * 7]
 
 
@@ -41,7 +42,7 @@ def unoptimised(model_dir, prompts, max_tokens) -> list[list[int]]:
     code = ("import json,sys; from shardline.stage_worker.pipeline import generate_local; "
             "from shardline.sampling import SamplingParams; from shardline.config import EngineConfig; "
             f"print(json.dumps(generate_local({str(model_dir)!r}, {prompts!r}, "
-            f"SamplingParams(max_tokens={max_tokens}, ignore_eos=True), EngineConfig(device='cuda'))))")
+            f"SamplingParams(max_tokens={max_tokens}, ignore_eos=True), EngineConfig(device='cuda', num_blocks=256))))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                        env={**os.environ, "SHARDLINE_DISABLE_TRITON": "1"})
     assert r.returncode == 0, r.stderr
@@ -49,8 +50,8 @@ def unoptimised(model_dir, prompts, max_tokens) -> list[list[int]]:
 
 
 def test_bf16_logits_within_tolerance_of_fp32(models):
-    ref = LocalPipeline(models / "fp32", config=EngineConfig(device="cuda"))
-    fast = LocalPipeline(models / "bf16", config=EngineConfig(device="cuda"))
+    ref = LocalPipeline(models / "fp32", config=GPU)
+    fast = LocalPipeline(models / "bf16", config=GPU)
     for p in PROMPTS:
         want, got = ref.logits(p), fast.logits(p)
         err = (got - want).abs().max().item()
@@ -60,7 +61,7 @@ def test_bf16_logits_within_tolerance_of_fp32(models):
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_greedy_64_steps_identical_to_unoptimised_path(models, dtype):
-    fast = LocalPipeline(models / dtype, config=EngineConfig(device="cuda"))
+    fast = LocalPipeline(models / dtype, config=GPU)
     assert fast.engines[0].graphs is not None, "decode steps should replay CUDA graphs on the GPU"
     got = fast.generate(PROMPTS, SamplingParams(max_tokens=64, ignore_eos=True))
     assert fast.engines[0].graphs.graphs, "no decode step replayed a captured graph"

@@ -1,0 +1,66 @@
+"""The stage-0 worker loop without gRPC: admission, streaming events, cancel, overlapped decode."""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import pytest
+
+from shardline.config import EngineConfig
+from shardline.converter import convert
+from shardline.parallel import single_rank
+from shardline.sampling import SamplingParams
+from shardline.stage_worker.engine import StageEngine
+from shardline.stage_worker.pipeline import LocalPipeline
+from shardline.stage_worker.sequence import FinishReason
+from shardline.stage_worker.worker import AdmissionError, StageWorker
+from shardline.tiny import make_tiny_hf_model
+
+PROMPTS = [[1, 5, 9], [1] + list(range(10, 30)), [2], [7] * 9]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("worker")
+    convert(make_tiny_hf_model(root / "hf", "llama", seed=5), root / "model", tp=1, pp=1, dtype="fp32")
+    return root / "model"
+
+
+def drain(events: queue.Queue, timeout_s: float = 30) -> list:
+    out = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        e = events.get(timeout=timeout_s)
+        out.append(e)
+        if e.finish_reason is not None:
+            return out
+    raise AssertionError("stream did not finish")
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlapped"])
+def test_worker_streams_the_engine_tokens_and_cancel_frees(model, overlap):
+    config = EngineConfig(num_blocks=64, overlap_decode=overlap)
+    sampling = SamplingParams(max_tokens=12, ignore_eos=True)
+    want = LocalPipeline(model, config=EngineConfig(num_blocks=64)).generate(PROMPTS, sampling)
+    worker = StageWorker(StageEngine(model, 0, single_rank(), config), "local", "r0", "tiny")
+    try:
+        assert (worker.stepper is not None) == overlap
+        streams = [worker.admit(f"r{i}", p, sampling, [], []) for i, p in enumerate(PROMPTS)]
+        got = [drain(s) for s in streams]
+        assert [[e.token_id for e in g] for g in got] == want
+        assert all(g[-1].finish_reason is FinishReason.LENGTH for g in got)
+        assert [e.index for e in got[1]] == list(range(12)), "indices must have no gap or duplicate"
+
+        long = worker.admit("long", PROMPTS[1], SamplingParams(max_tokens=200, ignore_eos=True), [], [])
+        long.get(timeout=30)
+        worker.cancel("long")
+        assert drain(long)[-1].finish_reason is FinishReason.CANCELLED
+        deadline = time.monotonic() + 10
+        while worker.status()["free_blocks"] != 64 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert worker.status()["free_blocks"] == 64, "cancel must free the sequence's KV blocks"
+        with pytest.raises(AdmissionError, match="outside the vocabulary"):
+            worker.admit("bad", [1, 10**6], sampling, [], [])
+    finally:
+        worker.stop()
