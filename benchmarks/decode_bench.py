@@ -36,12 +36,16 @@ from shardline.stage_worker.pipeline import LocalPipeline
 HERE = Path(__file__).resolve().parent
 
 
+GEMM_CONFIG: str | None = None  # --gemm-config
+
+
 def build(shape: str, dtype: str = "bf16", int8: bool = False, max_num_seqs: int = 256,
           kv_bytes: int = 24 << 30, max_model_len: int = 4096) -> LocalPipeline:
     cfg = ModelConfig(**SHAPES[shape])
     manifest = random_manifest(cfg, dtype, int8=int8)
     config = EngineConfig(device="cuda", kv_cache_bytes=kv_bytes, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=8192, max_model_len=max_model_len, verify_checksums=False)
+                          max_num_batched_tokens=8192, max_model_len=max_model_len, verify_checksums=False,
+                          gemm_config=GEMM_CONFIG)
     weights = random_stage_weights(manifest, 0, 0, "cuda")
     engine = StageEngine(None, 0, single_rank(), config, manifest=manifest, weights=weights)
     return LocalPipeline(None, config=config, engines=[engine])
@@ -115,8 +119,11 @@ def main() -> None:
     ap.add_argument("--hf-batches", default="1,16,64")
     ap.add_argument("--gptfast-batches", default="1")
     ap.add_argument("--skip", default="", help="comma list of: int8,gptj,prefill")
+    ap.add_argument("--gemm-config", help="use `shardline tune-gemm` choices (and report the gain)")
     ap.add_argument("--out")
     args = ap.parse_args()
+    global GEMM_CONFIG
+    GEMM_CONFIG = args.gemm_config
     batches = [int(b) for b in args.batches.split(",")]
     skip = set(filter(None, args.skip.split(",")))
     res: dict = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),

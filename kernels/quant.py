@@ -32,3 +32,15 @@ def int8_linear(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor,
         from .triton_quant import int8_linear_triton
         return int8_linear_triton(x, w_int8, scale, bias)
     return int8_linear_ref(x, w_int8, scale, bias)
+
+
+def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
+                   bias: torch.Tensor | None, config: dict) -> torch.Tensor:
+    """The split-K small-M kernel with a tuned `config` (shardline tune-gemm), for int8 (with
+    scale) or x-dtype weights; the plain product where Triton does not run."""
+    if use_triton(x):
+        from .triton_quant import small_m_linear_triton
+        return small_m_linear_triton(x, weight, scale, bias, config)
+    if scale is not None:
+        return int8_linear_ref(x, weight, scale, bias)
+    return torch.nn.functional.linear(x, weight, bias)

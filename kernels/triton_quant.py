@@ -1,4 +1,7 @@
-"""Triton int8 weight-only GEMM for small M (decode): y = (x @ w_int8.T) * scale + bias.
+"""Triton GEMM for small M (decode): y = (x @ w.T) [* scale] + bias, w int8 or x's dtype.
+
+int8 weights carry a per-output-channel scale; bf16/fp16 weights run the same kernel without one
+(HAS_SCALE=False), as one of the candidates `shardline tune-gemm` times against cuBLAS.
 
 Decode is bound by the bytes of the weights, so the kernel streams int8 [N, K] tiles, converts them
 to x's dtype in registers for the matrix units and applies the per-output-channel scale once, in
@@ -23,7 +26,7 @@ import triton.language as tl
 @triton.jit
 def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
                         stride_xm, stride_wn, stride_om,
-                        HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                        HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
@@ -66,16 +69,19 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, co
                                cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + tile, 0)
             _epilogue(acc, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, N, stride_om, out_mask,
-                      HAS_BIAS)
+                      HAS_SCALE, HAS_BIAS)
     else:
-        _epilogue(acc, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, N, stride_om, out_mask, HAS_BIAS)
+        _epilogue(acc, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, N, stride_om, out_mask, HAS_SCALE,
+                  HAS_BIAS)
 
 
 @triton.jit
 def _epilogue(acc, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, N, stride_om, out_mask,
-              HAS_BIAS: tl.constexpr):
-    scale = tl.load(scale_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
-    y = acc * scale[None, :]
+              HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    y = acc
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+        y = acc * scale[None, :]
     if HAS_BIAS:
         y += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
@@ -114,11 +120,18 @@ def default_config(M: int, N: int, K: int, num_sms: int) -> dict:
 
 def int8_linear_triton(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor,
                        bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+    return small_m_linear_triton(x, w_int8, scale, bias, config)
+
+
+def small_m_linear_triton(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor | None,
+                          bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+    """`w_int8` is int8 with `scale`, or x's dtype with scale None (then `config` is required:
+    the caller chose this kernel over cuBLAS by timing it)."""
     from ._dispatch import sm_count
     N, K = w_int8.shape
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
-    if (M > SMALL_M_MAX or x.dtype == torch.float32) and config is None:
+    if scale is not None and (M > SMALL_M_MAX or x.dtype == torch.float32) and config is None:
         # Compute-bound (or fp32, whose exact dot spills): dequantise and let cuBLAS multiply.
         w = w_int8.to(x.dtype) * scale.to(x.dtype)[:, None]
         return torch.nn.functional.linear(x, w, bias)
@@ -136,9 +149,10 @@ def int8_linear_triton(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tenso
         counters = _tile_counters(x.device, grid[0] * grid[1])
     else:
         part, counters = out, out  # unused
-    _int8_linear_kernel[grid](x2, w_int8, scale, bias if bias is not None else scale, out, part,
+    dummy = scale if scale is not None else out
+    _int8_linear_kernel[grid](x2, w_int8, dummy, bias if bias is not None else dummy, out, part,
                               counters, M, N, K, x2.stride(0), w_int8.stride(0), out.stride(0),
-                              HAS_BIAS=bias is not None, EVEN_K=K % cfg["BLOCK_K"] == 0,
+                              HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, EVEN_K=K % cfg["BLOCK_K"] == 0,
                               DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                               SPLIT_K=split_k, BLOCK_M=block_m, **cfg)
     return out.view(*x.shape[:-1], N)

@@ -10,6 +10,7 @@ import importlib
 COMMANDS = [
     ("convert", "shardline.converter.cli", "convert a HuggingFace checkpoint into stage/rank shards"),
     ("up", "shardline.launcher", "run the whole system locally: Redis, tokenizer, stage workers, gateway"),
+    ("tune-gemm", "shardline.gemm_tuning", "time GEMM candidates for a model's shapes on this GPU; write the choice"),
     ("generate", "shardline.stage_worker.cli", "run a converted model locally on token ids (every stage and rank)"),
 ]
 

@@ -253,6 +253,7 @@ class EngineConfig:
     # Launch decode step N+1 before reading step N's tokens (one-stage models). None: on for a
     # one-stage model on a GPU, off elsewhere.
     overlap_decode: bool | None = None
+    gemm_config: str | None = None  # file written by `shardline tune-gemm` (GPU only)
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

@@ -18,6 +18,7 @@ import torch
 from safetensors import safe_open
 
 from shardline.config import ConfigError, EngineConfig
+from shardline.gemm_tuning import GemmTable
 from shardline.kernels._dispatch import TRITON_DISABLED
 from shardline.manifest import Manifest, sha256_file
 from shardline.model.transformer import StageModel, StepMetadata
@@ -75,6 +76,10 @@ class StageEngine:
         self.model = StageModel(cfg, tp, weights, self.spec.layer_start, self.spec.layer_end,
                                 self.is_first, self.is_last)
         self.dtype = MODEL_DTYPES[self.manifest.dtype]
+        if config.gemm_config and self.device.type == "cuda":
+            table = GemmTable.load(config.gemm_config, self.device)
+            if table is not None:
+                self.model.configure_gemms(table)
         num_kv_heads = cfg.num_kv_heads // tp.size
         num_blocks = config.num_blocks or plan_num_blocks(
             int(self._kv_budget() * kv_share), self.spec.num_layers, config.block_size, num_kv_heads, cfg.head_dim, self.dtype)

@@ -211,9 +211,10 @@ def parse_args(argv: list[str] | None = None) -> StageWorkerConfig:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--drain-timeout", type=float, default=30.0)
+    p.add_argument("--gemm-config", help="GEMM choices from `shardline tune-gemm` (GPU)")
     a = p.parse_args(argv)
     engine = EngineConfig(device=a.device, num_blocks=a.num_blocks, block_size=a.block_size,
-                          max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens)
+                          max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, gemm_config=a.gemm_config)
     return StageWorkerConfig(model_dir=a.model, stage=a.stage, host=a.host, port=a.port,
                              advertise_host=a.advertise_host, model_name=a.model_name, replica_id=a.replica_id,
                              redis_url=a.redis_url, tp_size=a.tp_size, tp_rank=a.tp_rank, tp_init=a.tp_init,

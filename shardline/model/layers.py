@@ -19,9 +19,15 @@ class Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  scale: torch.Tensor | None = None) -> None:
         self.weight, self.bias, self.scale = weight, bias, scale
+        self.gemms = None  # a GemmTable from `shardline tune-gemm`, when loaded
 
     def __call__(self, x: torch.Tensor, add_bias: bool = True) -> torch.Tensor:
         bias = self.bias if add_bias else None
+        if self.gemms is not None:
+            n, k = self.weight.shape
+            choice = self.gemms.choice(n, k, self.weight.dtype, x.dtype, x.shape[0])
+            if choice is not None and choice["impl"] == "triton":
+                return quant.small_m_linear(x, self.weight, self.scale, bias, choice["config"])
         if self.scale is not None:
             return quant.int8_linear(x, self.weight, self.scale, bias)
         return F.linear(x, self.weight, bias)

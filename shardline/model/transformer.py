@@ -139,6 +139,16 @@ class StageModel:
             self.norm = Norm(cfg, weights["norm.weight"], weights.get("norm.bias"))
             self.lm_head = Linear(weights["lm_head.weight"], weights.get("lm_head.bias"))
 
+    def linears(self) -> list[Linear]:
+        out = [lin for layer in self.layers
+               for lin in (layer.qkv_proj, layer.o_proj, layer.up_proj, layer.down_proj)]
+        return out + ([self.lm_head] if self.is_last else [])
+
+    def configure_gemms(self, table) -> None:
+        """Use the per-shape, per-batch-size choices of `shardline tune-gemm` (a GemmTable)."""
+        for lin in self.linears():
+            lin.gemms = table
+
     @property
     def num_layers(self) -> int:
         return self.layer_end - self.layer_start

@@ -1,0 +1,178 @@
+"""GEMM autotuning: time each candidate for the model's real linear shapes and batch sizes on this
+GPU, keep the fastest, and let the stage worker load the choice.
+
+    shardline tune-gemm --shape llama3-8b --batches 1,16,64,256 --out gemm-h200.json
+    python -m shardline.stage_worker ... --gemm-config gemm-h200.json
+
+Candidates per (N, K, weight dtype, batch rows M): cuBLAS (torch's F.linear, or int8 dequantise +
+cuBLAS) and the split-K small-M Triton kernel (kernels/triton_quant.py) at a few tile/split
+configurations, each timed as CUDA-graph replays (as the engine runs decode). The file is keyed by
+GPU name; on another GPU, or when the file is missing, the engine warns and keeps its defaults.
+A call with M rows uses the entry of the smallest tuned M >= M (decode graphs run at exactly the
+bucket sizes); above the largest, the default path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from shardline.config import ModelConfig
+
+log = logging.getLogger("shardline.gemm_tuning")
+TRITON_CONFIGS = [dict(BLOCK_N=bn, BLOCK_K=128, SPLIT_K=sk, num_warps=4, num_stages=4)
+                  for bn in (32, 64, 128) for sk in (1, 2, 4, 8)]
+
+
+def key(n: int, k: int, w_dtype: torch.dtype, x_dtype: torch.dtype) -> str:
+    return f"{n}x{k}:{str(w_dtype).removeprefix('torch.')}:{str(x_dtype).removeprefix('torch.')}"
+
+
+@dataclass
+class GemmTable:
+    gpu: str
+    # key -> {M: {"impl": "cublas" | "triton", "config": {...}, "us": float, "cublas_us": float}}
+    entries: dict[str, dict[int, dict]] = field(default_factory=dict)
+
+    def choice(self, n: int, k: int, w_dtype: torch.dtype, x_dtype: torch.dtype, m: int) -> dict | None:
+        by_m = self.entries.get(key(n, k, w_dtype, x_dtype))
+        if not by_m:
+            return None
+        ms = sorted(by_m)
+        i = bisect.bisect_left(ms, m)
+        return by_m[ms[i]] if i < len(ms) else None
+
+    def save(self, path: str | Path) -> None:
+        data = {"gpu": self.gpu, "entries": {k: {str(m): v for m, v in d.items()} for k, d in self.entries.items()}}
+        Path(path).write_text(json.dumps(data, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path, device: torch.device) -> "GemmTable | None":
+        """The table, or None (with a warning) when it is missing or was tuned on another GPU."""
+        p = Path(path)
+        if not p.is_file():
+            log.warning("GEMM config %s not found; using default GEMM choices (run `shardline tune-gemm`)", p)
+            return None
+        data = json.loads(p.read_text())
+        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        if data.get("gpu") != gpu:
+            log.warning("GEMM config %s was tuned on %r, this is %r; using default GEMM choices",
+                        p, data.get("gpu"), gpu)
+            return None
+        return cls(gpu, {k: {int(m): v for m, v in d.items()} for k, d in data["entries"].items()})
+
+
+def linear_shapes(cfg: ModelConfig, tp: int = 1) -> dict[str, tuple[int, int]]:
+    """(N, K) of each linear one TP rank runs, by name."""
+    H, hd, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    up = 2 * I // tp if cfg.activation == "silu_glu" else I // tp
+    return {"qkv_proj": ((cfg.num_heads + 2 * cfg.num_kv_heads) // tp * hd, H),
+            "o_proj": (H, cfg.num_heads // tp * hd), "up_proj": (up, H), "down_proj": (H, I // tp),
+            "lm_head": (cfg.padded_vocab_size(tp) // tp, H)}
+
+
+def _time_graph_us(fn, reps: int = 20) -> float:
+    fn()  # compile / warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (3 * reps)
+
+
+def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.dtype, int8: bool,
+         device: torch.device, int8_names: set[str] | None = None) -> tuple[GemmTable, list[dict]]:
+    from shardline.kernels import quant
+
+    table = GemmTable(torch.cuda.get_device_name(device))
+    report = []
+    for name, (n, k) in shapes.items():
+        quantised = int8 and (int8_names is None or name in int8_names)
+        w = torch.randn(n, k, device=device, dtype=x_dtype) * 0.02
+        scale = None
+        if quantised:
+            w, scale = quant.quantize_int8_ref(w)
+            scale = scale.to(x_dtype)
+        for m in batches:
+            x = torch.randn(m, k, device=device, dtype=x_dtype)
+            if scale is None:
+                cublas_us = _time_graph_us(lambda: torch.nn.functional.linear(x, w))
+            else:
+                cublas_us = _time_graph_us(lambda: quant.int8_linear(x, w, scale))
+            best = {"impl": "cublas", "config": None, "us": cublas_us}
+            for cfg in (TRITON_CONFIGS if m <= 64 else []):
+                try:
+                    us = _time_graph_us(lambda: quant.small_m_linear(x, w, scale, None, cfg))
+                except Exception as e:  # noqa: BLE001 - a config that does not compile is not a candidate
+                    log.debug("config %s failed: %s", cfg, e)
+                    continue
+                if us < best["us"]:
+                    best = {"impl": "triton", "config": cfg, "us": us}
+            best["cublas_us"] = cublas_us
+            table.entries.setdefault(key(n, k, w.dtype, x_dtype), {})[m] = best
+            row = {"name": name, "N": n, "K": k, "M": m, "w": str(w.dtype).removeprefix("torch."),
+                   "default_us": round(cublas_us, 2), "best_us": round(best["us"], 2), "impl": best["impl"],
+                   "gain": round(cublas_us / best["us"], 3)}
+            report.append(row)
+            print(json.dumps(row), flush=True)
+    return table, report
+
+
+# -- `shardline tune-gemm` ------------------------------------------------------------------------
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", choices=["llama3-8b", "gptj-6b"], help="a built-in model shape")
+    p.add_argument("--model", help="a converted model directory (its manifest gives the shapes)")
+    p.add_argument("--tp", type=int, default=None, help="default: the model's, or 1")
+    p.add_argument("--batches", default="1,16,64,256")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    p.add_argument("--int8", action="store_true", help="tune int8 weight-only projections")
+    p.add_argument("--out", required=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from shardline.manifest import Manifest
+    from shardline.model.random_weights import SHAPES
+
+    if not torch.cuda.is_available():
+        print("shardline tune-gemm: error: needs a CUDA GPU; the file it writes is per GPU model", file=sys.stderr)
+        return 2
+    if bool(args.shape) == bool(args.model):
+        print("shardline tune-gemm: error: give exactly one of --shape or --model", file=sys.stderr)
+        return 2
+    if args.model:
+        m = Manifest.read(args.model)
+        cfg, tp, int8 = m.model, args.tp or m.tp, args.int8 or m.quantization == "int8-weight-only"
+    else:
+        cfg, tp, int8 = ModelConfig(**SHAPES[args.shape]), args.tp or 1, args.int8
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    batches = [int(b) for b in args.batches.split(",")]
+    table, report = tune(linear_shapes(cfg, tp), batches, dtype, int8, torch.device("cuda"),
+                         int8_names={"qkv_proj", "o_proj", "up_proj", "down_proj"})
+    out = Path(args.out)
+    if out.is_file():  # merge: one file can hold several models' shapes
+        old = GemmTable.load(out, torch.device("cuda"))
+        if old is not None:
+            for k, d in old.entries.items():
+                table.entries.setdefault(k, {}).update({m: v for m, v in d.items() if m not in table.entries.get(k, {})})
+    table.save(out)
+    total_default = sum(r["default_us"] for r in report)
+    total_best = sum(r["best_us"] for r in report)
+    print(f"tuned {len(report)} (shape, M) pairs on {table.gpu}: sum {total_default:.1f} us -> {total_best:.1f} us "
+          f"({total_default / total_best:.2f}x); wrote {out}")
+    return 0
