@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from shardline.config import ConfigError
 from shardline.manifest import Manifest, is_converted
@@ -35,6 +34,8 @@ def free_port() -> int:
 
 def wait_healthy(address: str, timeout_s: float, proc: subprocess.Popen | None = None, what: str = "") -> None:
     """Until gRPC health says SERVING at `address` (or the process dies, or time runs out)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)

@@ -44,8 +44,10 @@ class OverlappedStepper:
             if pending:
                 prev_batch, prev_tokens = self._launched
                 index = {c.request_id: j for j, c in enumerate(prev_batch.sampled)}
-                rows = torch.tensor([r for r, _ in pending], device=inputs.device)
-                src = torch.tensor([index[rid] for _, rid in pending], device=inputs.device)
+                # Built on the host and copied without blocking: torch.tensor(..., device=cuda)
+                # would wait for the running step and undo the overlap.
+                rows = torch.tensor([r for r, _ in pending]).to(inputs.device, non_blocking=True)
+                src = torch.tensor([index[rid] for _, rid in pending]).to(inputs.device, non_blocking=True)
                 inputs[rows] = prev_tokens[src]
             launched = (batch, self.engine.step(batch, inputs, defer_tokens=True))
         done, self._launched = self._launched, launched
