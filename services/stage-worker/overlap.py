@@ -31,6 +31,13 @@ class OverlappedStepper:
         self.engine, self.scheduler = engine, scheduler
         self._launched: tuple[StageBatch, torch.Tensor] | None = None
 
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """Host -> device without waiting: from pinned memory (a copy from pageable memory, like
+        torch.tensor(..., device=cuda), may wait for the running step and undo the overlap)."""
+        if self.engine.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.engine.device, non_blocking=True)
+
     @property
     def has_launched(self) -> bool:
         return self._launched is not None
@@ -40,14 +47,12 @@ class OverlappedStepper:
         launched = None
         if batch.chunks:
             ids, pending = self.scheduler.input_ids(batch)
-            inputs = ids.to(self.engine.device, non_blocking=True)
+            inputs = self._to_device(ids)
             if pending:
                 prev_batch, prev_tokens = self._launched
                 index = {c.request_id: j for j, c in enumerate(prev_batch.sampled)}
-                # Built on the host and copied without blocking: torch.tensor(..., device=cuda)
-                # would wait for the running step and undo the overlap.
-                rows = torch.tensor([r for r, _ in pending]).to(inputs.device, non_blocking=True)
-                src = torch.tensor([index[rid] for _, rid in pending]).to(inputs.device, non_blocking=True)
+                rows = self._to_device(torch.tensor([r for r, _ in pending]))
+                src = self._to_device(torch.tensor([index[rid] for _, rid in pending]))
                 inputs[rows] = prev_tokens[src]
             launched = (batch, self.engine.step(batch, inputs, defer_tokens=True))
         done, self._launched = self._launched, launched
