@@ -250,9 +250,9 @@ class EngineConfig:
     device: str = "cpu"
     verify_checksums: bool = True
     use_cuda_graphs: bool = True  # GPU decode steps replay captured graphs
-    # Launch decode step N+1 before reading step N's tokens (one-stage models). None: on for a
-    # one-stage model on a GPU, off elsewhere.
-    overlap_decode: bool | None = None
+    # Launch decode step N+1 before reading step N's tokens (one-stage models; services/stage-worker/
+    # overlap.py). Off by default: not yet faster on the H200, see docs/benchmarks.md.
+    overlap_decode: bool = False
     gemm_config: str | None = None  # file written by `shardline tune-gemm` (GPU only)
 
     def __post_init__(self) -> None:

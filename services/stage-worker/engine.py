@@ -183,15 +183,15 @@ class StageEngine:
                 sample_rows.append(starts[-1] - 1)
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]
-        # Pinned on a GPU: a copy from pageable memory may wait for the running step.
-        pin = self.device.type == "cuda"
+        # Plain (pageable) host tensors: pinning each step's buffers measured slower on the H200
+        # (2026-11-29, docs/benchmarks.md): the pinned allocations cost more than they saved.
         return StepMetadata(
-            positions=torch.tensor(positions, dtype=torch.int64, pin_memory=pin),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, pin_memory=pin),
-            block_tables=torch.tensor(padded, dtype=torch.int32, pin_memory=pin),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, pin_memory=pin),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, pin_memory=pin),
-            sample_rows=torch.tensor(sample_rows, dtype=torch.int64, pin_memory=pin),
+            positions=torch.tensor(positions, dtype=torch.int64),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            block_tables=torch.tensor(padded, dtype=torch.int32),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32),
+            sample_rows=torch.tensor(sample_rows, dtype=torch.int64),
             max_query_len=max(c.num_tokens for c in batch.chunks),
             max_seq_len=max(seq_lens),
         )
