@@ -46,6 +46,7 @@ class StageWorkerConfig:
     heartbeat_s: float = 1.0
     registry_ttl_s: float = 5.0
     drain_timeout_s: float = 30.0
+    orphan_timeout_s: float = 300.0  # stages > 0: free sequences no micro-batch touched this long
     tp_size: int = 1
     tp_rank: int = 0
     tp_init: str | None = None  # tcp://host:port of rank 0's rendezvous, when tp_size > 1
@@ -135,7 +136,7 @@ class StageWorkerProcess:
         address = f"{config.advertise_host or config.host}:{self.port}"
         model_name = config.model_name or Path(config.model_dir).resolve().name
         replica_id = config.replica_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.worker = StageWorker(engine, address, replica_id, model_name)
+        self.worker = StageWorker(engine, address, replica_id, model_name, config.orphan_timeout_s)
         stage_pb2_grpc.add_StageWorkerServicer_to_server(StageWorkerServicer(self.worker), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -212,13 +213,15 @@ def parse_args(argv: list[str] | None = None) -> StageWorkerConfig:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--gemm-config", help="GEMM choices from `shardline tune-gemm` (GPU)")
+    p.add_argument("--orphan-timeout", type=float, default=300.0,
+                   help="stages > 0: free the KV of sequences untouched this many seconds (stage 0 died)")
     a = p.parse_args(argv)
     engine = EngineConfig(device=a.device, num_blocks=a.num_blocks, block_size=a.block_size,
                           max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, gemm_config=a.gemm_config)
     return StageWorkerConfig(model_dir=a.model, stage=a.stage, host=a.host, port=a.port,
                              advertise_host=a.advertise_host, model_name=a.model_name, replica_id=a.replica_id,
                              redis_url=a.redis_url, tp_size=a.tp_size, tp_rank=a.tp_rank, tp_init=a.tp_init,
-                             drain_timeout_s=a.drain_timeout, engine=engine)
+                             drain_timeout_s=a.drain_timeout, orphan_timeout_s=a.orphan_timeout, engine=engine)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -136,7 +136,8 @@ class Outbox:
 
 
 class StageWorker:
-    def __init__(self, engine: StageEngine, address: str, replica_id: str, model_name: str) -> None:
+    def __init__(self, engine: StageEngine, address: str, replica_id: str, model_name: str,
+                 orphan_timeout_s: float = 300.0) -> None:
         self.engine, self.address, self.replica_id, self.model_name = engine, address, replica_id, model_name
         self.stage, self.num_stages = engine.stage, engine.manifest.pp
         self.is_first, self.is_last = engine.is_first, engine.is_last
@@ -146,6 +147,11 @@ class StageWorker:
         self._inbox: queue.Queue = queue.Queue()
         self._stopped = threading.Event()
         self.max_micro_batches_in_flight = 0
+        # Stages > 0: when a sequence's stage 0 dies, no Free ever comes; sequences that no
+        # micro-batch touched for this long give their KV blocks back.
+        self.orphan_timeout_s = orphan_timeout_s
+        self._last_seen: dict[str, float] = {}
+        self._next_reap = time.monotonic() + orphan_timeout_s
         if self.is_first:
             overlap = wants_overlap(engine)
             self.scheduler = Scheduler(engine.block_manager.num_blocks, engine.block_manager.block_size,
@@ -271,6 +277,8 @@ class StageWorker:
                         cmd = None
                 if self.is_first and not self._stopped.is_set():
                     self._schedule_and_run()
+                elif not self.is_first and time.monotonic() >= self._next_reap:
+                    self._reap_orphans()
         except Exception:  # noqa: BLE001 - a dead loop must be loud
             log.exception("stage %d loop died", self.stage)
             raise
@@ -305,6 +313,8 @@ class StageWorker:
         elif kind == "free":
             _, ids, route = cmd
             self.engine.free(ids)
+            for rid in ids:
+                self._last_seen.pop(rid, None)
             if route:
                 self.outbox.send(route[0], "Free", stage_pb2.FreeRequest(request_ids=ids, route=route[1:]))
         elif kind == "abort_all":
@@ -433,11 +443,25 @@ class StageWorker:
 
     # stages 1..p-1 --------------------------------------------------------------------------------
 
+    def _reap_orphans(self) -> None:
+        now = time.monotonic()
+        self._next_reap = now + min(self.orphan_timeout_s, 10.0)
+        stale = [rid for rid, seen in self._last_seen.items() if now - seen > self.orphan_timeout_s]
+        if stale:
+            log.warning("freeing %d sequences untouched for %.0fs (their stage 0 is gone): %s",
+                        len(stale), self.orphan_timeout_s, stale[:5])
+            self.engine.free(stale)
+            for rid in stale:
+                del self._last_seen[rid]
+
     def _run_forwarded(self, msg: stage_pb2.MicroBatch, batch: StageBatch, hidden: torch.Tensor) -> None:
         def report(error: str) -> None:
             self.outbox.send(msg.origin, "ReturnTokens",
                              stage_pb2.SampledTokens(micro_batch_id=msg.micro_batch_id, error=error))
 
+        now = time.monotonic()
+        for c in batch.chunks:
+            self._last_seen[c.request_id] = now
         try:
             out = self.engine.step(batch, hidden)
         except (OutOfBlocks, ConfigError) as e:

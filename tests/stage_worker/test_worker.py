@@ -64,3 +64,38 @@ def test_worker_streams_the_engine_tokens_and_cancel_frees(model, overlap):
             worker.admit("bad", [1, 10**6], sampling, [], [])
     finally:
         worker.stop()
+
+
+@pytest.fixture(scope="module")
+def two_stage(tmp_path_factory):
+    root = tmp_path_factory.mktemp("worker2")
+    convert(make_tiny_hf_model(root / "hf", "llama", seed=6), root / "model", tp=1, pp=2, dtype="fp32")
+    return root / "model"
+
+
+def test_downstream_stage_frees_sequences_whose_stage0_vanished(two_stage):
+    """If stage 0 dies, no Free reaches stage 1: its KV blocks must still come back."""
+    import torch
+
+    from shardline.stage_worker.worker import batch_to_proto
+    from shardline.stage_worker.batch import SequenceChunk, StageBatch
+    from shardline.v1 import common_pb2, stage_pb2
+    from shardline.wire import tensor_to_bytes
+
+    engine = StageEngine(two_stage, 1, single_rank(), EngineConfig(num_blocks=32))
+    worker = StageWorker(engine, "local", "r1", "tiny", orphan_timeout_s=0.3)
+    try:
+        batch = StageBatch([SequenceChunk("orphan", 0, 5, True, SamplingParams(max_tokens=4))])
+        data, shape, dtype = tensor_to_bytes(torch.zeros(5, engine.model_config.hidden_size))
+        msg = stage_pb2.MicroBatch(micro_batch_id=1, origin="127.0.0.1:1", sequences=batch_to_proto(batch),
+                                   hidden=common_pb2.Tensor(data=data, shape=shape, dtype=dtype))
+        worker.forward(msg)
+        deadline = time.monotonic() + 5
+        while "orphan" not in worker.status()["running"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "orphan" in worker.status()["running"]
+        while worker.status()["free_blocks"] != 32 and time.monotonic() < deadline + 10:
+            time.sleep(0.05)
+        assert worker.status()["free_blocks"] == 32, "orphaned sequences must give their blocks back"
+    finally:
+        worker.stop()
