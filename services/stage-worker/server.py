@@ -110,7 +110,8 @@ class StageWorkerServicer(stage_pb2_grpc.StageWorkerServicer):
             address=self.worker.address, model=self.worker.model_name, num_total_blocks=s["num_blocks"],
             num_free_blocks=s["free_blocks"], block_size=s["block_size"], running_request_ids=s["running"],
             counters=stage_pb2.StageCounters(num_steps=s["steps"], num_tokens=s["tokens"],
-                                             busy_seconds=s["busy_seconds"]),
+                                             busy_seconds=s["busy_seconds"],
+                                             max_micro_batches_in_flight=s["max_micro_batches_in_flight"]),
             is_draining=s["is_draining"])
 
 

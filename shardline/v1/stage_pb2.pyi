@@ -106,14 +106,16 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StageCounters(_message.Message):
-    __slots__ = ("num_steps", "num_tokens", "busy_seconds")
+    __slots__ = ("num_steps", "num_tokens", "busy_seconds", "max_micro_batches_in_flight")
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MICRO_BATCHES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     num_steps: int
     num_tokens: int
     busy_seconds: float
-    def __init__(self, num_steps: _Optional[int] = ..., num_tokens: _Optional[int] = ..., busy_seconds: _Optional[float] = ...) -> None: ...
+    max_micro_batches_in_flight: int
+    def __init__(self, num_steps: _Optional[int] = ..., num_tokens: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., max_micro_batches_in_flight: _Optional[int] = ...) -> None: ...
 
 class StageStatus(_message.Message):
     __slots__ = ("stage_index", "num_stages", "layer_start", "layer_end", "tp_size", "replica_id", "address", "model", "num_total_blocks", "num_free_blocks", "block_size", "running_request_ids", "counters", "is_draining")

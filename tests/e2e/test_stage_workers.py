@@ -76,6 +76,8 @@ def test_32_concurrent_streams_equal_one_at_a_time(cluster):
     assert together[4:12] == again
     statuses = wait_all_free(cluster)
     assert statuses[0].counters.num_steps > 0 and statuses[1].counters.num_steps > 0
+    assert statuses[0].counters.max_micro_batches_in_flight == 2, \
+        "with PP=2, stage 0 should keep two micro-batches in flight so both stages work at once"
 
 
 def test_cancel_mid_stream_frees_kv_on_every_stage(cluster):

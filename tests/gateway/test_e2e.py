@@ -76,16 +76,16 @@ def test_greedy_through_the_gateway_equals_the_engine(cluster, client):
 
 
 def test_concurrent_streams_equal_one_at_a_time(cluster, client):
-    prompts = [PROMPTS[i % len(PROMPTS)] + [i + 3] for i in range(16)]
+    prompts = [PROMPTS[i % len(PROMPTS)] + [i + 3] for i in range(32)]
     kwargs = dict(max_tokens=8, temperature=0.8, seed=5, ignore_eos=True)
-    alone = [client.generate(p, **kwargs).token_ids for p in prompts[:4]]
+    alone = [client.generate(p, **kwargs).token_ids for p in prompts]
 
     def streamed(p):
         return [t for d in client.stream(p, **kwargs) for t in d.token_ids]
 
-    with cf.ThreadPoolExecutor(16) as pool:
+    with cf.ThreadPoolExecutor(32) as pool:
         together = list(pool.map(streamed, prompts))
-    assert together[:4] == alone, "a request's tokens must not depend on what runs beside it"
+    assert together == alone, "a request's tokens must not depend on what runs beside it"
     assert all(len(t) == 8 for t in together)
     wait_all_free(cluster)
 
