@@ -36,17 +36,31 @@ def models(request, tmp_path_factory, tiny_hf):
     return root
 
 
-def unoptimised(model_dir, prompts, max_tokens) -> list[list[int]]:
-    """The same model on the GPU with every kernel's torch reference and no graphs (own process:
-    the kernel switch is read once at import)."""
-    code = ("import json,sys; from shardline.stage_worker.pipeline import generate_local; "
-            "from shardline.sampling import SamplingParams; from shardline.config import EngineConfig; "
-            f"print(json.dumps(generate_local({str(model_dir)!r}, {prompts!r}, "
-            f"SamplingParams(max_tokens={max_tokens}, ignore_eos=True), EngineConfig(device='cuda', num_blocks=256))))")
+def run_unoptimised(code: str):
+    """Run `code` (which prints JSON last) with every kernel's torch reference and no graphs, in
+    its own process: the kernel switch is read once at import."""
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                        env={**os.environ, "SHARDLINE_DISABLE_TRITON": "1"})
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def unoptimised(model_dir, prompts, max_tokens) -> list[list[int]]:
+    return run_unoptimised(
+        "import json; from shardline.stage_worker.pipeline import generate_local; "
+        "from shardline.sampling import SamplingParams; from shardline.config import EngineConfig; "
+        f"print(json.dumps(generate_local({str(model_dir)!r}, {prompts!r}, "
+        f"SamplingParams(max_tokens={max_tokens}, ignore_eos=True), EngineConfig(device='cuda', num_blocks=256))))")
+
+
+def reference_logits(model_dir, sequences) -> list:
+    """Logits of every position of each sequence on the unoptimised path."""
+    out = run_unoptimised(
+        "import json; from shardline.stage_worker.pipeline import LocalPipeline; "
+        "from shardline.config import EngineConfig; "
+        f"p = LocalPipeline({str(model_dir)!r}, config=EngineConfig(device='cuda', num_blocks=256)); "
+        f"print(json.dumps([p.logits(s).tolist() for s in {sequences!r}]))")
+    return [torch.tensor(x) for x in out]
 
 
 def test_bf16_logits_within_tolerance_of_fp32(models):
@@ -57,18 +71,6 @@ def test_bf16_logits_within_tolerance_of_fp32(models):
         err = (got - want).abs().max().item()
         scale = want.abs().max().item()
         assert err <= 0.03 * scale + 0.02, f"bf16 logits off by {err:.3g} (max |logit| {scale:.3g})"
-
-
-def reference_logits(model_dir, sequences) -> list:
-    """Logits of every position of each sequence on the unoptimised path (own process)."""
-    code = ("import json; from shardline.stage_worker.pipeline import LocalPipeline; "
-            "from shardline.config import EngineConfig; "
-            f"p = LocalPipeline({str(model_dir)!r}, config=EngineConfig(device='cuda', num_blocks=256)); "
-            f"print(json.dumps([p.logits(s).tolist() for s in {sequences!r}]))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "SHARDLINE_DISABLE_TRITON": "1"})
-    assert r.returncode == 0, r.stderr
-    return [torch.tensor(x) for x in json.loads(r.stdout.strip().splitlines()[-1])]
 
 
 def test_greedy_64_steps_fp32_identical_to_unoptimised_path(models):
