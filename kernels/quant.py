@@ -18,12 +18,19 @@ def int8_linear_ref(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor,
     return torch.nn.functional.linear(x, w, bias)
 
 
-def quantize_int8_ref(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-output-channel: w [out, in] -> (int8 [out, in], scale [out])."""
+def quantize_int8_ref(w: torch.Tensor, scale_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel: `w [out, in]` -> (int8 `[out, in]`, `scale [out]`), w ≈ q * scale.
+
+    `scale = max|w_row| / 127`, rounded to `scale_dtype` (default: w's dtype) before q is
+    computed, so the engine's dequantisation with the stored scale is the one the rounding chose.
+    The converter and the benchmarks' random weights both quantise through this function.
+    """
     wf = w.float()
-    scale = wf.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-    q = torch.round(wf / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    return q, scale.to(w.dtype)
+    scale = (wf.abs().amax(dim=1) / 127).to(scale_dtype or w.dtype)
+    divisor = scale.float()
+    divisor = torch.where(divisor == 0, torch.ones_like(divisor), divisor)  # all-zero rows stay zero
+    q = torch.round(wf / divisor[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
 
 
 def int8_linear(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor,

@@ -22,7 +22,7 @@ from shardline.config import DTYPES, ConfigError, ModelConfig, check_tensor_para
 from shardline.converter.checkpoint import HFCheckpoint
 from shardline.converter.families import plan_shard
 from shardline.converter.plan import OutTensor, check_sources, materialize
-from shardline.converter.quantize import quantize_int8
+from shardline.kernels.quant import quantize_int8_ref
 from shardline.converter.safetensors_writer import TensorSpec, WrittenFile, write_safetensors
 from shardline.manifest import Manifest, ShardSpec, StageSpec, shard_file
 
@@ -111,7 +111,7 @@ def write_shard(path: Path, plan: list[OutTensor], ckpt: HFCheckpoint, dtype: to
         # the next one is being built.
         for out in plan:
             if out.name in quantized:
-                q, scale = quantize_int8(materialize(ckpt, out, torch.float32), dtype)
+                q, scale = quantize_int8_ref(materialize(ckpt, out, torch.float32), dtype)
                 yield q
                 del q
                 yield scale

@@ -11,7 +11,7 @@ import torch
 
 from shardline.config import ModelConfig
 from shardline.converter.families import plan_shard
-from shardline.converter.quantize import quantize_int8
+from shardline.kernels.quant import quantize_int8_ref
 from shardline.manifest import Manifest, StageSpec
 
 LLAMA3_8B = dict(architecture="llama", vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32,
@@ -48,7 +48,7 @@ def random_stage_weights(manifest: Manifest, stage: int, rank: int, device: torc
             continue
         w = torch.empty(t.shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=gen)
         if manifest.quantization == "int8-weight-only" and t.is_projection:
-            weights[t.name], weights[t.name + "_scale"] = quantize_int8(w, dtype)
+            weights[t.name], weights[t.name + "_scale"] = quantize_int8_ref(w, dtype)
         else:
             weights[t.name] = w
     return weights
