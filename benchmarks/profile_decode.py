@@ -1,9 +1,12 @@
-"""Where a decode step's GPU time goes: top kernels of one eager step, Llama-3-8B shape.
+"""Where a decode step's time goes, Llama-3-8B shape.
 
-    python benchmarks/profile_decode.py --batch 1 [--int8]
+    python benchmarks/profile_decode.py --batch 1 [--int8]          # GPU kernels of one eager step
+    python benchmarks/profile_decode.py --batch 256 --generate      # host + device of whole steps
 
-Runs a decode step (context 256) eagerly under torch.profiler after warm-up and prints the
-kernels by total CUDA time, with the share of the step. Use it before changing a hot path.
+The first mode runs a decode step (context 256) eagerly under torch.profiler after warm-up and
+prints the kernels by CUDA time. The second profiles `LocalPipeline.generate` as the benchmark
+runs it (graphs on) with CPU activity too, and writes a Chrome trace: the host work between graph
+replays — the gap between measured ms/step and graph-replay ms in docs/benchmarks.md — shows there.
 """
 
 from __future__ import annotations
@@ -23,8 +26,18 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--int8", action="store_true")
     ap.add_argument("--rows", type=int, default=18)
+    ap.add_argument("--generate", action="store_true", help="profile whole generate() steps, host included")
+    ap.add_argument("--trace", default="decode_trace.json")
     args = ap.parse_args()
     pipeline = build("llama3-8b", int8=args.int8, max_num_seqs=max(args.batch, 16))
+    if args.generate:
+        prompts = torch.randint(0, 1000, (args.batch, 128)).tolist()
+        pipeline.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))  # compile, capture
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            pipeline.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
+        prof.export_chrome_trace(args.trace)
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=args.rows, max_name_column_width=70))
+        return
     engine = pipeline.engines[0]
     engine.graphs = None  # eager: see every kernel
     greedy = SamplingParams(max_tokens=1)
