@@ -80,18 +80,23 @@ def single_rank() -> TPGroup:
     return TPGroup(rank=0, size=1)
 
 
-def init_tp_group(rank: int, size: int, init_method: str, backend: str | None = None,
-                  device: torch.device | None = None) -> TPGroup:
-    """Join a TP group of `size` ranks at `init_method` (e.g. tcp://127.0.0.1:29500).
+def rank_device(device: str, rank: int) -> str:
+    """`cuda` means one GPU per TP rank: rank r takes cuda:(r mod visible GPUs), as in a pod
+    with one GPU per rank. `cpu` and an explicit `cuda:N` are kept."""
+    if device == "cuda" and torch.cuda.is_available():
+        return f"cuda:{rank % torch.cuda.device_count()}"
+    return device
 
-    backend defaults to nccl when CUDA is available, gloo otherwise.
-    """
+
+def init_tp_group(rank: int, size: int, init_method: str | None, device: str = "cpu") -> TPGroup:
+    """Join a TP group of `size` ranks at `init_method` (e.g. tcp://127.0.0.1:29500) with the
+    engine's `device` (use rank_device): NCCL between GPUs, gloo between CPU ranks."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     if size == 1:
-        return TPGroup(rank=0, size=1, device=device or torch.device("cpu"))
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if device is None:
-        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        return TPGroup(rank=0, size=1, device=dev)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size)
     group = dist.new_group(list(range(size)), backend=backend)
-    return TPGroup(rank=rank, size=size, group=group, device=device)
+    return TPGroup(rank=rank, size=size, group=group, device=dev)

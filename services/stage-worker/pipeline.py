@@ -8,6 +8,7 @@ gloo (CPU) or NCCL (GPU); rank 0 drives, the others follow.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import uuid
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 
 from shardline.config import EngineConfig
 from shardline.manifest import Manifest
-from shardline.parallel import TPGroup, init_tp_group, single_rank
+from shardline.parallel import TPGroup, init_tp_group, rank_device, single_rank
 from shardline.sampling import SamplingParams
 from shardline.stage_worker.batch import SequenceChunk, StageBatch
 from shardline.stage_worker.engine import StageEngine, follow, stop_followers
@@ -109,7 +110,8 @@ def _run_jobs(pipeline: LocalPipeline, jobs: list[tuple]) -> list:
 def _rank_main(rank: int, size: int, init_method: str, model_dir: str, config: EngineConfig,
                jobs: list[tuple], results) -> None:
     torch.set_num_threads(1)
-    tp = init_tp_group(rank, size, init_method, backend="nccl" if config.device.startswith("cuda") else "gloo")
+    config = dataclasses.replace(config, device=rank_device(config.device, rank))
+    tp = init_tp_group(rank, size, init_method, config.device)
     try:
         pipeline = LocalPipeline(model_dir, tp, config)
         if not tp.is_driver:

@@ -7,6 +7,7 @@ is thin: it translates the wire into calls on `StageWorker` and errors into stat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import queue
@@ -23,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from shardline.config import ConfigError, EngineConfig
-from shardline.parallel import init_tp_group
+from shardline.parallel import init_tp_group, rank_device
 from shardline.registry import Registry, ReplicaInfo
 from shardline.stage_worker.engine import StageEngine, follow
 from shardline.stage_worker.worker import AdmissionError, StageWorker, sampling_from_proto
@@ -129,7 +130,7 @@ class StageWorkerProcess:
 
     def __init__(self, config: StageWorkerConfig) -> None:
         self.config = config
-        tp = init_tp_group(0, config.tp_size, config.tp_init or "")
+        tp = init_tp_group(0, config.tp_size, config.tp_init, config.engine.device)
         engine = StageEngine(config.model_dir, config.stage, tp, config.engine)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=512), options=[
             ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)])
@@ -179,8 +180,9 @@ class StageWorkerProcess:
 
 def run_stage_worker_process(config: StageWorkerConfig) -> None:
     """Blocks until SIGTERM/SIGINT. Followers (tp_rank > 0) only compute."""
+    config.engine = dataclasses.replace(config.engine, device=rank_device(config.engine.device, config.tp_rank))
     if config.tp_rank > 0:
-        tp = init_tp_group(config.tp_rank, config.tp_size, config.tp_init)
+        tp = init_tp_group(config.tp_rank, config.tp_size, config.tp_init, config.engine.device)
         engine = StageEngine(config.model_dir, config.stage, tp, config.engine)
         follow(tp, {config.stage: engine})
         return

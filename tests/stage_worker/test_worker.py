@@ -99,3 +99,14 @@ def test_downstream_stage_frees_sequences_whose_stage0_vanished(two_stage):
         assert worker.status()["free_blocks"] == 32, "orphaned sequences must give their blocks back"
     finally:
         worker.stop()
+
+
+def test_rank_device_gives_each_tp_rank_its_own_gpu(monkeypatch):
+    import torch
+
+    from shardline.parallel import rank_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert [rank_device("cuda", r) for r in range(4)] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    assert rank_device("cuda:1", 0) == "cuda:1" and rank_device("cpu", 3) == "cpu"
