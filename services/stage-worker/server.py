@@ -27,6 +27,7 @@ from shardline.config import ConfigError, EngineConfig
 from shardline.parallel import init_tp_group, rank_device
 from shardline.registry import Registry, ReplicaInfo
 from shardline.stage_worker.engine import StageEngine, follow
+from shardline.stage_worker.metrics import serve_metrics
 from shardline.stage_worker.worker import AdmissionError, StageWorker, sampling_from_proto
 from shardline.v1 import stage_pb2, stage_pb2_grpc
 
@@ -48,6 +49,7 @@ class StageWorkerConfig:
     registry_ttl_s: float = 5.0
     drain_timeout_s: float = 30.0
     orphan_timeout_s: float = 300.0  # stages > 0: free sequences no micro-batch touched this long
+    metrics_port: int | None = None  # Prometheus /metrics (metrics.py); None = off
     tp_size: int = 1
     tp_rank: int = 0
     tp_init: str | None = None  # tcp://host:port of rank 0's rendezvous, when tp_size > 1
@@ -154,6 +156,8 @@ class StageWorkerProcess:
         if self.registry is not None:
             self.registry.heartbeat(replica_info(self.worker))
             threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
+        if self.config.metrics_port is not None:
+            serve_metrics(self.worker, self.config.metrics_port, self.config.host)
         log.info("stage %d replica %s serving at %s", self.worker.stage, self.worker.replica_id, self.worker.address)
 
     def _heartbeat(self) -> None:
@@ -216,6 +220,7 @@ def parse_args(argv: list[str] | None = None) -> StageWorkerConfig:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--gemm-config", help="GEMM choices from `shardline tune-gemm` (GPU)")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--orphan-timeout", type=float, default=300.0,
                    help="stages > 0: free the KV of sequences untouched this many seconds (stage 0 died)")
     a = p.parse_args(argv)
@@ -224,7 +229,8 @@ def parse_args(argv: list[str] | None = None) -> StageWorkerConfig:
     return StageWorkerConfig(model_dir=a.model, stage=a.stage, host=a.host, port=a.port,
                              advertise_host=a.advertise_host, model_name=a.model_name, replica_id=a.replica_id,
                              redis_url=a.redis_url, tp_size=a.tp_size, tp_rank=a.tp_rank, tp_init=a.tp_init,
-                             drain_timeout_s=a.drain_timeout, orphan_timeout_s=a.orphan_timeout, engine=engine)
+                             drain_timeout_s=a.drain_timeout, orphan_timeout_s=a.orphan_timeout, metrics_port=a.metrics_port,
+                             engine=engine)
 
 
 def main(argv: list[str] | None = None) -> int:

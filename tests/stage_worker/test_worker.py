@@ -110,3 +110,24 @@ def test_rank_device_gives_each_tp_rank_its_own_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert [rank_device("cuda", r) for r in range(4)] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
     assert rank_device("cuda:1", 0) == "cuda:1" and rank_device("cpu", 3) == "cpu"
+
+
+def test_metrics_endpoint_reports_the_worker(model):
+    import urllib.request
+
+    from shardline.launcher import free_port
+    from shardline.stage_worker.metrics import serve_metrics
+
+    worker = StageWorker(StageEngine(model, 0, single_rank(), EngineConfig(num_blocks=64)), "local", "r0", "tiny")
+    port = free_port()
+    server, thread = serve_metrics(worker, port, "127.0.0.1")
+    try:
+        drain(worker.admit("m1", [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True), [], []))
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        labels = 'model="tiny",replica="r0",stage="0"'
+        assert f"shardline_kv_blocks_total{{{labels}}} 64.0" in text
+        steps = [l for l in text.splitlines() if l.startswith("shardline_stage_steps_total{")]
+        assert steps and float(steps[0].split()[-1]) >= 5, "five tokens take at least five steps"
+    finally:
+        server.shutdown()
+        worker.stop()
