@@ -134,7 +134,6 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
                    "gain": round(cublas_us / best["us"], 3)}
             report.append(row)
             print(json.dumps(row), flush=True)
-        del ws
     return table, report
 
 

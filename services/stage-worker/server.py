@@ -14,7 +14,6 @@ import queue
 import signal
 import socket
 import threading
-import uuid
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
