@@ -40,13 +40,13 @@ GEMM_CONFIG: str | None = None  # --gemm-config
 
 
 def build(shape: str, dtype: str = "bf16", int8: bool = False, max_num_seqs: int = 256,
-          kv_bytes: int = 24 << 30, max_model_len: int = 4096) -> LocalPipeline:
+          kv_bytes: int = 24 << 30, max_model_len: int = 4096, device: str = "cuda") -> LocalPipeline:
     cfg = ModelConfig(**SHAPES[shape])
     manifest = random_manifest(cfg, dtype, int8=int8)
-    config = EngineConfig(device="cuda", kv_cache_bytes=kv_bytes, max_num_seqs=max_num_seqs,
+    config = EngineConfig(device=device, kv_cache_bytes=kv_bytes, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=8192, max_model_len=max_model_len, verify_checksums=False,
                           gemm_config=GEMM_CONFIG)
-    weights = random_stage_weights(manifest, 0, 0, "cuda")
+    weights = random_stage_weights(manifest, 0, 0, device)
     engine = StageEngine(None, 0, single_rank(), config, manifest=manifest, weights=weights)
     return LocalPipeline(None, config=config, engines=[engine])
 

@@ -81,6 +81,11 @@ class ClusterConfig:
     max_queued: int | None = None
     startup_timeout_s: float = 180.0
     with_gateway: bool = True  # False: Redis and stage workers only (stage-level tests)
+    # Benchmarks: stage workers on random weights of a built-in shape, a synthetic tokenizer of its
+    # vocabulary, no model directory (see model/random_weights.py).
+    random_shape: str | None = None
+    max_model_len: int | None = None
+    gpu_memory_fraction: float = 0.9
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -113,14 +118,26 @@ class LocalCluster:
 
     def start(self) -> None:
         c = self.config
-        self.model_dir = self._prepare_model()
-        self.model_name = c.model_name or ("tiny-" + c.tiny_family if c.model is None else self.model_dir.name)
+        if c.random_shape:
+            from shardline.config import ModelConfig
+            from shardline.model.random_weights import SHAPES
+            from shardline.tiny import write_synthetic_tokenizer
+
+            cfg = ModelConfig(**SHAPES[c.random_shape])
+            self.tokenizer_dir = write_synthetic_tokenizer(self.workdir / "tokenizer", cfg.vocab_size,
+                                                           c.max_model_len or cfg.max_position_embeddings)
+            self.model_dir = None
+            self.model_name = c.model_name or c.random_shape
+        else:
+            self.model_dir = self._prepare_model()
+            self.tokenizer_dir = self.model_dir
+            self.model_name = c.model_name or ("tiny-" + c.tiny_family if c.model is None else self.model_dir.name)
         if self.redis_url is None:
             self.redis_url = self._start_redis()
         if c.with_gateway:
             self.tokenizer_address = f"127.0.0.1:{free_port()}"
             tok = self._spawn("tokenizer", [sys.executable, "-m", "shardline.tokenizer", "--model",
-                                            str(self.model_dir), "--address", self.tokenizer_address])
+                                            str(self.tokenizer_dir), "--address", self.tokenizer_address])
         workers = []
         for stage in range(c.pp):
             self.stage_addresses.append([])
@@ -132,8 +149,11 @@ class LocalCluster:
             return
         wait_healthy(self.tokenizer_address, c.startup_timeout_s, tok, "tokenizer")
         gw_cmd = [sys.executable, "-m", "shardline.gateway", "--port", str(c.grpc_port), "--redis-url", self.redis_url,
-                  "--tokenizer", self.tokenizer_address, "--model-name", self.model_name,
-                  "--model-dir", str(self.model_dir)]
+                  "--tokenizer", self.tokenizer_address, "--model-name", self.model_name]
+        if self.model_dir is not None:
+            gw_cmd += ["--model-dir", str(self.model_dir)]
+        if c.max_model_len:
+            gw_cmd += ["--max-model-len", f"{self.model_name}={c.max_model_len}"]
         if c.http_port:
             gw_cmd += ["--http-port", str(c.http_port)]
         if c.max_queued is not None:
@@ -147,8 +167,14 @@ class LocalCluster:
         port = free_port()
         address = f"127.0.0.1:{port}"
         name = f"stage{stage}-replica{replica}"
-        common = ["--model", str(self.model_dir), "--stage", str(stage), "--device", c.device,
-                  "--model-name", self.model_name, "--tp-size", str(c.tp)]
+        common = ["--stage", str(stage), "--device", c.device, "--model-name", self.model_name, "--tp-size", str(c.tp),
+                  "--gpu-memory-fraction", str(c.gpu_memory_fraction)]
+        if c.random_shape:
+            common += ["--random-shape", c.random_shape, "--random-pp", str(c.pp), "--random-dtype", c.dtype]
+        else:
+            common += ["--model", str(self.model_dir)]
+        if c.max_model_len:
+            common += ["--max-model-len", str(c.max_model_len)]
         if c.num_blocks:
             common += ["--num-blocks", str(c.num_blocks)]
         if c.tp > 1:

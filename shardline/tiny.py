@@ -156,6 +156,26 @@ def write_tiny_tokenizer(out_dir: Path, vocab_size: int, max_length: int = 256) 
     return tok.get_vocab_size()
 
 
+def write_synthetic_tokenizer(out_dir: str | Path, vocab_size: int, max_length: int = 4096) -> Path:
+    """A word-level tokenizer of `vocab_size` made-up words (`w0` .. `wN`): for benchmarks on
+    random weights of a real model's shape, whose sampled ids must all decode."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab.update({f"w{i}": i for i in range(len(SPECIAL_TOKENS), vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=SPECIAL_TOKENS[0]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.save(str(out / "tokenizer.json"))
+    pad, bos, eos = SPECIAL_TOKENS
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
+              "pad_token": pad, "model_max_length": max_length}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m shardline.tiny", description=__doc__.split("\n")[0])
     parser.add_argument("out", help="directory to write the checkpoint into")

@@ -26,7 +26,6 @@ from shardline.config import ConfigError, EngineConfig
 from shardline.parallel import init_tp_group, rank_device
 from shardline.registry import Registry, ReplicaInfo
 from shardline.stage_worker.engine import StageEngine, follow
-from shardline.stage_worker.metrics import serve_metrics
 from shardline.stage_worker.worker import AdmissionError, StageWorker, sampling_from_proto
 from shardline.v1 import stage_pb2, stage_pb2_grpc
 
@@ -36,7 +35,7 @@ SERVICE_NAME = "shardline.v1.StageWorker"
 
 @dataclass
 class StageWorkerConfig:
-    model_dir: str
+    model_dir: str | None
     stage: int
     host: str = "127.0.0.1"
     port: int = 0  # 0 = any free port
@@ -49,12 +48,19 @@ class StageWorkerConfig:
     drain_timeout_s: float = 30.0
     orphan_timeout_s: float = 300.0  # stages > 0: free sequences no micro-batch touched this long
     metrics_port: int | None = None  # Prometheus /metrics (metrics.py); None = off
+    # Benchmarks: random weights of a built-in shape (model/random_weights.py) split into
+    # `random_pp` stages, instead of a converted model directory.
+    random_shape: str | None = None
+    random_pp: int = 1
+    random_dtype: str = "bf16"
     tp_size: int = 1
     tp_rank: int = 0
     tp_init: str | None = None  # tcp://host:port of rank 0's rendezvous, when tp_size > 1
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
+        if (self.model_dir is None) == (self.random_shape is None):
+            raise ConfigError("give exactly one of --model DIR or --random-shape NAME")
         if self.tp_size > 1 and not self.tp_init:
             raise ConfigError(f"--tp-size {self.tp_size} needs --tp-init tcp://HOST:PORT (rank 0's rendezvous)")
         if not 0 <= self.tp_rank < self.tp_size:
@@ -132,12 +138,12 @@ class StageWorkerProcess:
     def __init__(self, config: StageWorkerConfig) -> None:
         self.config = config
         tp = init_tp_group(0, config.tp_size, config.tp_init, config.engine.device)
-        engine = StageEngine(config.model_dir, config.stage, tp, config.engine)
+        engine = build_engine(config, tp)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=512), options=[
             ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)])
         self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
         address = f"{config.advertise_host or config.host}:{self.port}"
-        model_name = config.model_name or Path(config.model_dir).resolve().name
+        model_name = config.model_name or config.random_shape or Path(config.model_dir).resolve().name
         replica_id = config.replica_id or f"{socket.gethostname()}-{os.getpid()}"
         self.worker = StageWorker(engine, address, replica_id, model_name, config.orphan_timeout_s)
         stage_pb2_grpc.add_StageWorkerServicer_to_server(StageWorkerServicer(self.worker), self.server)
@@ -156,6 +162,8 @@ class StageWorkerProcess:
             self.registry.heartbeat(replica_info(self.worker))
             threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
         if self.config.metrics_port is not None:
+            from shardline.stage_worker.metrics import serve_metrics  # prometheus_client only when asked
+
             serve_metrics(self.worker, self.config.metrics_port, self.config.host)
         log.info("stage %d replica %s serving at %s", self.worker.stage, self.worker.replica_id, self.worker.address)
 
@@ -181,12 +189,26 @@ class StageWorkerProcess:
         self.server.stop(grace=2).wait()
 
 
+def build_engine(config: StageWorkerConfig, tp) -> StageEngine:
+    if config.random_shape is None:
+        return StageEngine(config.model_dir, config.stage, tp, config.engine)
+    from shardline.config import ModelConfig
+    from shardline.model.random_weights import SHAPES, random_manifest, random_stage_weights
+
+    if config.random_shape not in SHAPES:
+        raise ConfigError(f"--random-shape {config.random_shape!r} is not one of {sorted(SHAPES)}")
+    manifest = random_manifest(ModelConfig(**SHAPES[config.random_shape]), config.random_dtype, tp.size,
+                               config.random_pp)
+    weights = random_stage_weights(manifest, config.stage, tp.rank, config.engine.device)
+    return StageEngine(None, config.stage, tp, config.engine, manifest=manifest, weights=weights)
+
+
 def run_stage_worker_process(config: StageWorkerConfig) -> None:
     """Blocks until SIGTERM/SIGINT. Followers (tp_rank > 0) only compute."""
     config.engine = dataclasses.replace(config.engine, device=rank_device(config.engine.device, config.tp_rank))
     if config.tp_rank > 0:
         tp = init_tp_group(config.tp_rank, config.tp_size, config.tp_init, config.engine.device)
-        engine = StageEngine(config.model_dir, config.stage, tp, config.engine)
+        engine = build_engine(config, tp)
         follow(tp, {config.stage: engine})
         return
     proc = StageWorkerProcess(config)
@@ -201,7 +223,10 @@ def run_stage_worker_process(config: StageWorkerConfig) -> None:
 
 def parse_args(argv: list[str] | None = None) -> StageWorkerConfig:
     p = argparse.ArgumentParser(prog="python -m shardline.stage_worker", description=__doc__)
-    p.add_argument("--model", required=True, help="converted model directory (manifest.json)")
+    p.add_argument("--model", help="converted model directory (manifest.json)")
+    p.add_argument("--random-shape", help="benchmarks: random weights of a built-in shape (e.g. llama3-8b)")
+    p.add_argument("--random-pp", type=int, default=1, help="with --random-shape: number of stages")
+    p.add_argument("--random-dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
     p.add_argument("--stage", type=int, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
@@ -213,7 +238,9 @@ def parse_args(argv: list[str] | None = None) -> StageWorkerConfig:
     p.add_argument("--tp-rank", type=int, default=0)
     p.add_argument("--tp-init")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--num-blocks", type=int)
+    p.add_argument("--num-blocks", type=int, help="KV blocks (default: from memory: --gpu-memory-fraction)")
+    p.add_argument("--gpu-memory-fraction", type=float, default=0.9)
+    p.add_argument("--max-model-len", type=int, help="default: the model's max positions")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -224,8 +251,10 @@ def parse_args(argv: list[str] | None = None) -> StageWorkerConfig:
                    help="stages > 0: free the KV of sequences untouched this many seconds (stage 0 died)")
     a = p.parse_args(argv)
     engine = EngineConfig(device=a.device, num_blocks=a.num_blocks, block_size=a.block_size,
+                          gpu_memory_fraction=a.gpu_memory_fraction, max_model_len=a.max_model_len,
                           max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, gemm_config=a.gemm_config)
-    return StageWorkerConfig(model_dir=a.model, stage=a.stage, host=a.host, port=a.port,
+    return StageWorkerConfig(model_dir=a.model, random_shape=a.random_shape, random_pp=a.random_pp,
+                             random_dtype=a.random_dtype, stage=a.stage, host=a.host, port=a.port,
                              advertise_host=a.advertise_host, model_name=a.model_name, replica_id=a.replica_id,
                              redis_url=a.redis_url, tp_size=a.tp_size, tp_rank=a.tp_rank, tp_init=a.tp_init,
                              drain_timeout_s=a.drain_timeout, orphan_timeout_s=a.orphan_timeout, metrics_port=a.metrics_port,

@@ -24,7 +24,11 @@ GPTJ_6B = dict(architecture="gptj", vocab_size=64512, hidden_size=4096, num_laye
                norm="layer", norm_eps=1e-5, activation="gelu_tanh", position="rotary", rotary_dim=64,
                rope_theta=10000.0, rope_scaling=None, parallel_residual=True, qkv_bias=False, o_bias=False,
                mlp_bias=True, lm_head_bias=True, tie_word_embeddings=False)
-SHAPES = {"llama3-8b": LLAMA3_8B, "gptj-6b": GPTJ_6B}
+# A small shape for exercising the same paths on a CPU (tests, CPU runs of the benchmarks).
+LLAMA_SMALL = {**LLAMA3_8B, "vocab_size": 1000, "hidden_size": 128, "num_layers": 2, "num_heads": 4,
+               "num_kv_heads": 2, "head_dim": 32, "rotary_dim": 32, "intermediate_size": 256,
+               "max_position_embeddings": 1024}
+SHAPES = {"llama3-8b": LLAMA3_8B, "gptj-6b": GPTJ_6B, "llama-small": LLAMA_SMALL}
 
 
 def random_manifest(cfg: ModelConfig, dtype: str, tp: int = 1, pp: int = 1, int8: bool = False) -> Manifest:

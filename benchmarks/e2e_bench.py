@@ -1,0 +1,96 @@
+"""How much of the engine's decode throughput survives the full serving path.
+
+    python benchmarks/e2e_bench.py --shape llama3-8b --device cuda --batch 16      # issue 4's bar
+    python benchmarks/e2e_bench.py --shape llama-small --device cpu --batch 16     # the same, on a CPU
+
+One run, same random weights (model/random_weights.py), `batch` requests of `prompt` random token
+ids and `new` greedy tokens each (ignore_eos):
+  engine  - LocalPipeline in this process: every request at once, wall time of generate()
+  served  - LocalCluster with --random-shape: Redis, tokenizer (a synthetic word-level tokenizer of
+            the model's vocabulary), one stage worker, the gateway; `batch` concurrent SDK streams
+Prints tokens/s of each and served / engine (issue 4's bar: >= 0.9 at batch 16 on the GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import json
+import platform
+import sys
+import time
+
+import torch
+
+from benchmarks.decode_bench import build
+from shardline.client import Client
+from shardline.launcher import ClusterConfig, LocalCluster, free_port
+from shardline.sampling import SamplingParams
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="llama3-8b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    cuda = args.device.startswith("cuda")
+    dtype = "bf16" if cuda else "fp32"
+    sampling = SamplingParams(max_tokens=args.new, ignore_eos=True)
+    prompts = torch.randint(3, 1000, (args.batch, args.prompt), generator=torch.Generator().manual_seed(0)).tolist()
+
+    pipeline = build(args.shape, dtype=dtype, max_num_seqs=max(args.batch, 16), device=args.device,
+                     kv_bytes=(8 << 30) if cuda else (256 << 20))
+    pipeline.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up: compile, capture
+    walls = []
+    for _ in range(2):
+        t = time.perf_counter()
+        pipeline.generate(prompts, sampling)
+        walls.append(time.perf_counter() - t)
+    engine_s = min(walls)
+    del pipeline
+    if cuda:
+        torch.cuda.empty_cache()
+
+    config = ClusterConfig(random_shape=args.shape, pp=1, device=args.device, dtype=dtype, grpc_port=free_port(),
+                           max_model_len=4096 if cuda else 1024, num_blocks=None if cuda else 512,
+                           startup_timeout_s=600)
+    with LocalCluster(config) as cluster:
+        def one(p: list[int]) -> list[float]:
+            with Client(cluster.gateway_address) as c:
+                stamps = []
+                for d in c.stream(p, model=cluster.model_name, max_tokens=args.new, temperature=0.0, ignore_eos=True):
+                    stamps.extend([time.perf_counter()] * len(d.token_ids))
+            assert len(stamps) == args.new, len(stamps)
+            return [b - a for a, b in zip(stamps, stamps[1:])]
+
+        one(prompts[0])  # warm-up through the whole path
+        walls, gaps = [], []
+        for _ in range(2):
+            t = time.perf_counter()
+            with cf.ThreadPoolExecutor(args.batch) as pool:
+                gaps = [g for gs in pool.map(one, prompts) for g in gs]
+            walls.append(time.perf_counter() - t)
+        served_s = min(walls)
+    tokens = args.batch * args.new
+    res = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
+           "device": torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine(),
+           "shape": args.shape, "batch": args.batch, "prompt": args.prompt, "new": args.new,
+           "engine_tok_s": round(tokens / engine_s, 1), "served_tok_s": round(tokens / served_s, 1),
+           "served_over_engine": round(engine_s / served_s, 3),
+           "served_ms_between_tokens": round(1e3 * sum(gaps) / max(len(gaps), 1), 2)}
+    print(json.dumps(res), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=2)
+    print(f"\n{res['device']}  {res['date']}\n$ {res['command']}\n"
+          f"batch {args.batch}: engine {res['engine_tok_s']} tok/s, served {res['served_tok_s']} tok/s "
+          f"-> served/engine {res['served_over_engine']} (bar >= 0.9)")
+
+
+if __name__ == "__main__":
+    main()

