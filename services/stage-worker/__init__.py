@@ -6,4 +6,7 @@ Where things happen:
 - engine.py         one stage's model + cache: a StageBatch and its inputs in, hidden or tokens out
 - scheduler.py      stage 0's iteration-level batching: which sequences run in the next step
 - pipeline.py       all stages of a model in one process (tests, `shardline generate`)
+- worker.py         one replica's loop: admission, micro-batches in flight, frees along a route
+- outbox.py         its ordered outbound RPCs; convert.py  wire <-> plain objects
+- server.py         the gRPC face, registry heartbeat, drain; `python -m shardline.stage_worker`
 """

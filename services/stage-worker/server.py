@@ -26,7 +26,8 @@ from shardline.config import ConfigError, EngineConfig
 from shardline.parallel import init_tp_group, rank_device
 from shardline.registry import Registry, ReplicaInfo
 from shardline.stage_worker.engine import StageEngine, follow
-from shardline.stage_worker.worker import AdmissionError, StageWorker, sampling_from_proto
+from shardline.stage_worker.convert import sampling_from_proto
+from shardline.stage_worker.worker import AdmissionError, StageWorker
 from shardline.v1 import stage_pb2, stage_pb2_grpc
 
 log = logging.getLogger("shardline.stage_worker")

@@ -18,32 +18,24 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Callable
 
 import grpc
 import torch
 
 from shardline.config import ConfigError
 from shardline.sampling import SamplingParams
-from shardline.stage_worker.batch import SequenceChunk, StageBatch
+from shardline.stage_worker.batch import StageBatch
 from shardline.stage_worker.block_manager import OutOfBlocks
+from shardline.stage_worker.convert import TokenEvent, batch_from_proto, batch_to_proto
 from shardline.stage_worker.engine import StageEngine, stop_followers
+from shardline.stage_worker.outbox import Outbox
 from shardline.stage_worker.overlap import OverlappedStepper, wants_overlap
 from shardline.stage_worker.scheduler import Scheduler
 from shardline.stage_worker.sequence import FinishReason, Sequence
-from shardline.v1 import common_pb2, stage_pb2, stage_pb2_grpc
+from shardline.v1 import common_pb2, stage_pb2
 from shardline.wire import DTYPE_NAMES, WireError, tensor_from_bytes, tensor_to_bytes
 
 log = logging.getLogger("shardline.stage_worker")
-
-FINISH_TO_PROTO = {
-    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
-    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
-    FinishReason.CANCELLED: common_pb2.FINISH_REASON_CANCELLED,
-    FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
-}
-
 
 class AdmissionError(ValueError):
     """A sequence cannot be admitted; `code` is the gRPC status to answer with."""
@@ -51,88 +43,6 @@ class AdmissionError(ValueError):
     def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT) -> None:
         super().__init__(message)
         self.code = code
-
-
-@dataclass
-class TokenEvent:
-    request_id: str
-    token_id: int | None
-    index: int
-    finish_reason: FinishReason | None = None
-    error: str = ""
-
-    def to_proto(self) -> stage_pb2.TokenEvent:
-        msg = stage_pb2.TokenEvent(request_id=self.request_id, index=self.index, error=self.error)
-        if self.token_id is not None:
-            msg.token_id = self.token_id
-        if self.finish_reason is not None:
-            msg.finish_reason = FINISH_TO_PROTO[self.finish_reason]
-        return msg
-
-
-def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
-    return SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p or 1.0, seed=p.seed,
-                          max_tokens=p.max_tokens, stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos)
-
-
-def sampling_to_proto(s: SamplingParams) -> common_pb2.SamplingParams:
-    return common_pb2.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
-                                     max_tokens=s.max_tokens, stop_token_ids=list(s.stop_token_ids),
-                                     ignore_eos=s.ignore_eos)
-
-
-def batch_to_proto(batch: StageBatch) -> list[stage_pb2.SequenceChunk]:
-    return [stage_pb2.SequenceChunk(request_id=c.request_id, start_position=c.start_position,
-                                    num_tokens=c.num_tokens, sample=c.sample,
-                                    sampling=sampling_to_proto(c.sampling) if c.sampling else None)
-            for c in batch.chunks]
-
-
-def batch_from_proto(chunks) -> StageBatch:
-    return StageBatch([SequenceChunk(c.request_id, c.start_position, c.num_tokens, c.sample,
-                                     sampling_from_proto(c.sampling) if c.sample else None) for c in chunks])
-
-
-class Outbox:
-    """Ordered outbound RPCs from one thread; a failed call reports through its `on_error`."""
-
-    def __init__(self, timeout_s: float = 30.0) -> None:
-        self._queue: queue.Queue = queue.Queue()
-        self._stubs: dict[str, stage_pb2_grpc.StageWorkerStub] = {}
-        self._channels: list[grpc.Channel] = []
-        self.timeout_s = timeout_s
-        self._thread = threading.Thread(target=self._run, name="outbox", daemon=True)
-        self._thread.start()
-
-    def send(self, address: str, method: str, request, on_error: Callable[[str], None] | None = None) -> None:
-        self._queue.put((address, method, request, on_error))
-
-    def _stub(self, address: str) -> stage_pb2_grpc.StageWorkerStub:
-        if address not in self._stubs:
-            channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", -1),
-                                                              ("grpc.max_receive_message_length", -1)])
-            self._channels.append(channel)
-            self._stubs[address] = stage_pb2_grpc.StageWorkerStub(channel)
-        return self._stubs[address]
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            address, method, request, on_error = item
-            try:
-                getattr(self._stub(address), method)(request, timeout=self.timeout_s)
-            except grpc.RpcError as e:
-                log.warning("%s to %s failed: %s", method, address, e.code())
-                if on_error is not None:
-                    on_error(f"{method} to stage replica {address} failed: {e.code().name}: {e.details()}")
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5)
-        for c in self._channels:
-            c.close()
 
 
 class StageWorker:

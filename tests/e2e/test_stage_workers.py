@@ -17,7 +17,7 @@ from shardline.launcher import ClusterConfig, LocalCluster
 from shardline.registry import Registry
 from shardline.sampling import SamplingParams
 from shardline.stage_worker.pipeline import generate_local
-from shardline.stage_worker.worker import sampling_to_proto
+from shardline.stage_worker.convert import sampling_to_proto
 from shardline.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 
 pytestmark = pytest.mark.slow

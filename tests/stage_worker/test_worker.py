@@ -77,7 +77,7 @@ def test_downstream_stage_frees_sequences_whose_stage0_vanished(two_stage):
     """If stage 0 dies, no Free reaches stage 1: its KV blocks must still come back."""
     import torch
 
-    from shardline.stage_worker.worker import batch_to_proto
+    from shardline.stage_worker.convert import batch_to_proto
     from shardline.stage_worker.batch import SequenceChunk, StageBatch
     from shardline.v1 import common_pb2, stage_pb2
     from shardline.wire import tensor_to_bytes
