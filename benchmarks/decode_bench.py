@@ -61,6 +61,21 @@ def num_params(pipeline: LocalPipeline) -> tuple[int, int]:
     return sum(t.numel() for t in tensors), sum(t.numel() * t.element_size() for t in tensors)
 
 
+def kv_capacity_2k(shape: str) -> int:
+    """2,048-token sequences whose KV fits in the memory a stage worker plans for this model alone
+    on this GPU (weights resident, gpu_memory_fraction 0.9): what `--num-blocks` defaults to."""
+    from shardline.stage_worker.kv_cache import bytes_per_block
+
+    cfg = ModelConfig(**SHAPES[shape])
+    free, total = torch.cuda.mem_get_info()
+    weights = 2 * (cfg.padded_vocab_size(1) * cfg.hidden_size * 2 + cfg.num_layers * (
+        cfg.hidden_size * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * cfg.hidden_size
+        + 3 * cfg.hidden_size * cfg.intermediate_size))
+    budget = total * 0.9 - weights - (total - free)  # what another process already holds stays taken
+    per_token = bytes_per_block(cfg.num_layers, 1, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    return int(budget // per_token // 2048)
+
+
 def timed(pipeline: LocalPipeline, prompts: list[list[int]], new: int) -> float:
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -141,6 +156,7 @@ def main() -> None:
                                             timeout=900)
         print(json.dumps(res), flush=True)
 
+    res["kv_2k_sequences_at_0.9_memory"] = kv_capacity_2k("llama3-8b")  # before this process holds anything
     pipeline = build("llama3-8b", max_num_seqs=max(batches))
     params, weight_bytes = num_params(pipeline)
     res["llama_params_streamed"] = params
@@ -188,6 +204,8 @@ def print_table(res: dict, weight_bytes: int) -> None:
         h, g = hf.get(b), gf.get(b)
         print(f"{b:>5} {ms:>12.3f} {r.get('graph_replay_ms') or float('nan'):>8.3f} {r['tok_s']:>9.1f} {h or float('nan'):>8.2f} {(h / ms) if h else float('nan'):>6.2f} "
               f"{g or float('nan'):>11.2f} {(g / ms) if g else float('nan'):>5.2f}")
+    if "kv_2k_sequences_at_0.9_memory" in res:
+        print(f"KV capacity for Llama-3-8B alone on this GPU: {res['kv_2k_sequences_at_0.9_memory']} sequences of 2,048 tokens")
     if "int8_b1_ms" in res:
         print(f"int8 weight-only batch 1: {res['int8_b1_ms']} ms/step")
     if "gptj_b1_ms" in res:

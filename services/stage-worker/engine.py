@@ -11,6 +11,7 @@ block-manager calls in the same order and the ranks' block tables agree without 
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from shardline.stage_worker.kv_cache import KVCache, plan_num_blocks
 from shardline.wire import DTYPE_NAMES, DTYPES_BY_NAME, MODEL_DTYPES
 
 CPU_DEFAULT_KV_BYTES = 256 << 20
+log = logging.getLogger("shardline.stage_worker")
 
 
 def load_shard(model_dir: str | Path, manifest: Manifest, stage: int, rank: int,
@@ -86,6 +88,9 @@ class StageEngine:
         self.kv_cache = KVCache(self.spec.num_layers, num_blocks, config.block_size, num_kv_heads,
                                 cfg.head_dim, self.dtype, self.device)
         self.kv_layers = self.kv_cache.layers()
+        log.info("stage %d rank %d: KV cache of %d blocks x %d tokens = %d tokens (%d sequences of 2,048)",
+                 stage, tp.rank, num_blocks, config.block_size, num_blocks * config.block_size,
+                 num_blocks * config.block_size // 2048)
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.graphs = None
         if self.device.type == "cuda" and config.use_cuda_graphs and not TRITON_DISABLED:
