@@ -86,6 +86,7 @@ class ClusterConfig:
     random_shape: str | None = None
     max_model_len: int | None = None
     gpu_memory_fraction: float = 0.9
+    drain_timeout_s: float = 30.0  # how long a stage worker finishes its sequences after SIGTERM
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -168,7 +169,7 @@ class LocalCluster:
         address = f"127.0.0.1:{port}"
         name = f"stage{stage}-replica{replica}"
         common = ["--stage", str(stage), "--device", c.device, "--model-name", self.model_name, "--tp-size", str(c.tp),
-                  "--gpu-memory-fraction", str(c.gpu_memory_fraction)]
+                  "--gpu-memory-fraction", str(c.gpu_memory_fraction), "--drain-timeout", str(c.drain_timeout_s)]
         if c.random_shape:
             common += ["--random-shape", c.random_shape, "--random-pp", str(c.pp), "--random-dtype", c.dtype]
         else:
@@ -267,10 +268,14 @@ class LocalCluster:
 
     def kill(self, name: str) -> None:
         """SIGKILL one process by name (failure tests)."""
+        self.process(name).kill()
+        self.process(name).wait()
+
+    def process(self, name: str) -> subprocess.Popen:
         for n, proc in self.procs:
             if n == name:
-                proc.kill()
-                proc.wait()
+                return proc
+        raise KeyError(f"no process {name!r}; have {[n for n, _ in self.procs]}")
 
 
 # -- `shardline up` ------------------------------------------------------------------------------

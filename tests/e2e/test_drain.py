@@ -1,0 +1,60 @@
+"""Scale-down and rollout: SIGTERM to a stage-0 replica loses no request.
+
+A replica that gets SIGTERM stops taking sequences, finishes what it runs within its drain
+timeout, deregisters and exits 0; whatever it cannot finish in time it hands back, and the gateway
+resumes it on another route with the tokens so far. Either way the client sees exactly the tokens
+an undisturbed run gives.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import signal
+import time
+
+import pytest
+
+from shardline.client import Client
+from shardline.config import EngineConfig
+from shardline.launcher import ClusterConfig, LocalCluster, free_port
+from shardline.registry import Registry
+from shardline.sampling import SamplingParams
+from shardline.stage_worker.pipeline import generate_local
+
+pytestmark = pytest.mark.slow
+PROMPTS = [[1, 5, 9, 13 + i] for i in range(8)]
+MAX_TOKENS = 48
+
+
+@pytest.mark.parametrize("drain_timeout_s,how", [(30.0, "finished in place"), (0.2, "handed back, resumed")])
+def test_sigterm_to_a_stage0_replica_loses_no_request(tmp_path, drain_timeout_s, how):
+    config = ClusterConfig(pp=2, replicas=2, num_blocks=128, grpc_port=free_port(), workdir=str(tmp_path),
+                           drain_timeout_s=drain_timeout_s)
+    with LocalCluster(config) as cluster, Client(cluster.gateway_address, timeout=120) as client:
+        sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, seed=3, ignore_eos=True)
+        want = generate_local(cluster.model_dir, PROMPTS, sampling, EngineConfig(num_blocks=128))
+        started = []
+
+        def stream(p: list[int]) -> list[int]:
+            out = []
+            for d in client.stream(p, max_tokens=MAX_TOKENS, temperature=0.9, seed=3, ignore_eos=True):
+                out.extend(d.token_ids)
+                if len(out) >= 2 and not started:
+                    started.append(True)
+            return out
+
+        with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            futures = [pool.submit(stream, p) for p in PROMPTS]
+            deadline = time.monotonic() + 60
+            while not started and time.monotonic() < deadline:
+                time.sleep(0.01)
+            victim = cluster.process("stage0-replica0-rank0")
+            victim.send_signal(signal.SIGTERM)
+            got = [f.result(timeout=120) for f in futures]
+        assert got == want, f"SIGTERM ({how}) changed or lost tokens"
+        resumed = "resume 1/" in (cluster.logdir / "gateway.log").read_text()
+        assert resumed == (drain_timeout_s < 1), f"this case is about sequences being {how}"
+        assert victim.wait(timeout=60) == 0, "a drained replica exits cleanly"
+        live = {r.replica_id for r in Registry.from_url(cluster.redis_url).replicas(cluster.model_name, stage=0)}
+        assert live == {"stage0-replica1"}, "the drained replica must deregister"
+        assert len(client.generate([1, 2, 3], max_tokens=4).token_ids) == 4, "the other replica keeps serving"
