@@ -163,6 +163,13 @@ class LocalCluster:
         wait_healthy(self.gateway_address, c.startup_timeout_s, gw, "gateway")
         self._wait_one_token()
 
+    def add_replica(self, stage: int) -> str:
+        """Start one more replica of `stage` (what `kubectl scale` does to a stage's StatefulSet);
+        returns its address once it is healthy. Nobody else is told: it registers itself."""
+        address, proc, name = self._start_stage_replica(stage, len(self.stage_addresses[stage]))
+        wait_healthy(address, self.config.startup_timeout_s, proc, name)
+        return address
+
     def _start_stage_replica(self, stage: int, replica: int) -> tuple[str, subprocess.Popen, str]:
         c = self.config
         port = free_port()
