@@ -42,11 +42,8 @@ class LocalPipeline:
         self.manifest = engines[0].manifest
         first = self.engines[0]
         overlap = wants_overlap(first)
-        self.scheduler = Scheduler(
-            num_blocks=min(e.block_manager.num_blocks for e in self.engines),
-            block_size=self.config.block_size, max_num_seqs=self.config.max_num_seqs,
-            max_num_batched_tokens=self.config.max_num_batched_tokens, max_model_len=first.max_model_len,
-            lookahead=1 if overlap else 0)
+        self.scheduler = Scheduler.for_engine(first, min(e.block_manager.num_blocks for e in self.engines),
+                                              lookahead=1 if overlap else 0)
         self.stepper = OverlappedStepper(first, self.scheduler) if overlap else None
 
     def run_batch(self, batch: StageBatch, input_ids: torch.Tensor) -> torch.Tensor | list[int]:

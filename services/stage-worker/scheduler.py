@@ -38,6 +38,13 @@ class Scheduler:
         self.num_reserved_blocks = 0
         self._pending_free: list[str] = []
 
+    @classmethod
+    def for_engine(cls, engine, num_blocks: int | None = None, lookahead: int = 0) -> "Scheduler":
+        """Stage 0's scheduler for `engine`'s limits (num_blocks: the smallest cache on the route)."""
+        c = engine.config
+        return cls(num_blocks or engine.block_manager.num_blocks, c.block_size, c.max_num_seqs,
+                   c.max_num_batched_tokens, engine.max_model_len, lookahead)
+
     # -- admission --------------------------------------------------------------------------------
 
     def blocks_reserved_for(self, seq: Sequence) -> int:

@@ -64,9 +64,7 @@ class StageWorker:
         self._next_reap = time.monotonic() + orphan_timeout_s
         if self.is_first:
             overlap = wants_overlap(engine)
-            self.scheduler = Scheduler(engine.block_manager.num_blocks, engine.block_manager.block_size,
-                                       engine.config.max_num_seqs, engine.config.max_num_batched_tokens,
-                                       engine.max_model_len, lookahead=1 if overlap else 0)
+            self.scheduler = Scheduler.for_engine(engine, lookahead=1 if overlap else 0)
             self.stepper = OverlappedStepper(engine, self.scheduler) if overlap else None
             self._streams: dict[str, queue.Queue] = {}
             self._in_flight: dict[int, StageBatch] = {}
