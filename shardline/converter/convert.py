@@ -28,7 +28,7 @@ from shardline.manifest import Manifest, ShardSpec, StageSpec, shard_file
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "tokenizer.model", "generation_config.json")
+                   "merges.txt", "tokenizer.model", "generation_config.json", "chat_template.jinja")
 
 
 def convert(hf_dir: str | Path, out_dir: str | Path, tp: int, pp: int, dtype: str,

@@ -254,3 +254,15 @@ def test_int8_dequantizes_within_half_a_step(converted, model, dtype):
             torch.testing.assert_close(scale.float(), (w.abs().amax(1) / 127).to(scale.dtype).float())
     for name in ("embed_tokens.weight", "lm_head.weight"):
         assert got[name][0].dtype != torch.int8, "embeddings and the LM head stay in the model dtype"
+
+
+def test_chat_template_file_is_copied(tiny_hf, tmp_path):
+    """Newer checkpoints keep their chat template in chat_template.jinja; the tokenizer service reads it."""
+    import shutil
+
+    hf = tmp_path / "hf"
+    shutil.copytree(tiny_hf("llama"), hf)
+    (hf / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    m = convert(hf, tmp_path / "out", tp=1, pp=1, dtype="fp32")
+    assert "chat_template.jinja" in m.tokenizer_files
+    assert (tmp_path / "out" / "chat_template.jinja").read_text() == (hf / "chat_template.jinja").read_text()
