@@ -41,6 +41,14 @@ class TPGroup:
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
 
+    def min_int(self, value: int) -> int:
+        """The smallest of the ranks' values: sizes every rank must agree on (KV blocks)."""
+        if self.size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return int(t.item())
+
     def broadcast_tensor(self, x: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """Rank 0's `x` to every rank; followers pass None and the expected shape/dtype."""
         if self.size == 1:

@@ -85,6 +85,8 @@ class StageEngine:
         num_kv_heads = cfg.num_kv_heads // tp.size
         num_blocks = config.num_blocks or plan_num_blocks(
             int(self._kv_budget() * kv_share), self.spec.num_layers, config.block_size, num_kv_heads, cfg.head_dim, self.dtype)
+        # Every rank runs the same block-manager calls, so every rank needs the same block count.
+        num_blocks = tp.min_int(num_blocks)
         self.kv_cache = KVCache(self.spec.num_layers, num_blocks, config.block_size, num_kv_heads,
                                 cfg.head_dim, self.dtype, self.device)
         self.kv_layers = self.kv_cache.layers()
