@@ -16,11 +16,10 @@ import grpc
 
 from shardline.v1 import gateway_pb2, gateway_pb2_grpc
 
-from .errors import Internal, ShardlineError, error_from_code, error_from_rpc
+from .errors import Internal, ShardlineError, error_from_rpc
 from .retry import Deadline, RetryPolicy, retry_delay
-from .types import (FINISH_REASONS, Delta, GenerateResult, ModelInfo, RequestInfo, Timings, Usage, build_request,
-                    models_from_wire, request_info_from_wire, result_from_wire, timings_from_wire,
-                    usage_from_wire)
+from .types import (Delta, GenerateResult, ModelInfo, RequestInfo, StreamState, build_request,
+                    models_from_wire, request_info_from_wire, result_from_wire)
 
 
 class AsyncClient:
@@ -86,16 +85,13 @@ class AsyncClient:
         return models_from_wire(response)
 
 
-class AsyncStream:
+class AsyncStream(StreamState):
     """An async iterator of Delta; attributes as on the sync Stream. cancel() or leaving an
     `async with` block early cancels the request."""
 
     def __init__(self, client: AsyncClient, request: gateway_pb2.GenerateRequest, deadline: Deadline) -> None:
-        self._client, self._request, self._deadline = client, request, deadline
-        self.request_id = request.request_id
-        self.text, self.token_ids = "", []
-        self.finish_reason, self.matched_stop = "", ""
-        self.usage, self.timings = Usage(), Timings()
+        super().__init__(request)
+        self._client, self._deadline = client, deadline
         self._call = None
         self._is_cancelled = False
         self._iterator: AsyncIterator[Delta] | None = None
@@ -122,8 +118,7 @@ class AsyncStream:
     async def result(self) -> GenerateResult:
         async for _ in self:
             pass
-        return GenerateResult(self.request_id, self._request.model, self.text, list(self.token_ids),
-                              self.finish_reason, self.matched_stop, self.usage, self.timings)
+        return self._result()
 
     async def _run(self) -> AsyncIterator[Delta]:
         num_failed, has_token = 0, False
@@ -131,20 +126,11 @@ class AsyncStream:
             self._call = self._client._stub.GenerateStream(self._request, timeout=self._deadline.remaining())
             try:
                 async for message in self._call:
-                    event = message.WhichOneof("event")
-                    if event == "chunk":
-                        has_token = has_token or bool(message.chunk.token_ids)
-                        self.text += message.chunk.text
-                        self.token_ids.extend(message.chunk.token_ids)
-                        yield Delta(message.chunk.text, list(message.chunk.token_ids))
-                    elif event == "complete":
-                        c = message.complete
-                        self.finish_reason = FINISH_REASONS.get(c.finish_reason, "")
-                        self.matched_stop = c.matched_stop
-                        self.usage, self.timings = usage_from_wire(c.usage), timings_from_wire(c.timings)
+                    delta = self._apply(message)
+                    if delta is None:
                         return
-                    elif event == "error":
-                        raise error_from_code(message.error.code, message.error.message, self.request_id)
+                    has_token = has_token or bool(delta.token_ids)
+                    yield delta
                 raise Internal("the gateway ended the stream without a complete or error message", self.request_id)
             except asyncio.CancelledError:
                 if not self._is_cancelled or asyncio.current_task().cancelling():

@@ -16,11 +16,10 @@ import grpc
 
 from shardline.v1 import gateway_pb2, gateway_pb2_grpc
 
-from .errors import Internal, ShardlineError, error_from_code, error_from_rpc
+from .errors import Internal, ShardlineError, error_from_rpc
 from .retry import Deadline, RetryPolicy, retry_delay
-from .types import (FINISH_REASONS, Delta, GenerateResult, ModelInfo, RequestInfo, Timings, Usage, build_request,
-                    models_from_wire, request_info_from_wire, result_from_wire, timings_from_wire,
-                    usage_from_wire)
+from .types import (Delta, GenerateResult, ModelInfo, RequestInfo, StreamState, build_request,
+                    models_from_wire, request_info_from_wire, result_from_wire)
 
 
 class Client:
@@ -90,17 +89,14 @@ class Client:
             raise error_from_rpc(e) from None
 
 
-class Stream:
+class Stream(StreamState):
     """An iterator of Delta. After it is exhausted: finish_reason, matched_stop, usage, timings,
     text and token_ids (everything received). cancel() (any thread) ends it with finish_reason
     "cancelled"; leaving a `with` block early cancels too."""
 
     def __init__(self, client: Client, request: gateway_pb2.GenerateRequest, deadline: Deadline) -> None:
-        self._client, self._request, self._deadline = client, request, deadline
-        self.request_id = request.request_id
-        self.text, self.token_ids = "", []
-        self.finish_reason, self.matched_stop = "", ""
-        self.usage, self.timings = Usage(), Timings()
+        super().__init__(request)
+        self._client, self._deadline = client, deadline
         self._call = None
         self._is_cancelled = False
         self._iterator: Iterator[Delta] | None = None
@@ -126,8 +122,7 @@ class Stream:
         """Consume what is left and return it all as one result."""
         for _ in self:
             pass
-        return GenerateResult(self.request_id, self._request.model, self.text, list(self.token_ids),
-                              self.finish_reason, self.matched_stop, self.usage, self.timings)
+        return self._result()
 
     def _run(self) -> Iterator[Delta]:
         num_failed, has_token = 0, False
@@ -135,20 +130,11 @@ class Stream:
             self._call = self._client._stub.GenerateStream(self._request, timeout=self._deadline.remaining())
             try:
                 for message in self._call:
-                    event = message.WhichOneof("event")
-                    if event == "chunk":
-                        has_token = has_token or bool(message.chunk.token_ids)
-                        self.text += message.chunk.text
-                        self.token_ids.extend(message.chunk.token_ids)
-                        yield Delta(message.chunk.text, list(message.chunk.token_ids))
-                    elif event == "complete":
-                        c = message.complete
-                        self.finish_reason = FINISH_REASONS.get(c.finish_reason, "")
-                        self.matched_stop = c.matched_stop
-                        self.usage, self.timings = usage_from_wire(c.usage), timings_from_wire(c.timings)
+                    delta = self._apply(message)
+                    if delta is None:
                         return
-                    elif event == "error":
-                        raise error_from_code(message.error.code, message.error.message, self.request_id)
+                    has_token = has_token or bool(delta.token_ids)
+                    yield delta
                 raise Internal("the gateway ended the stream without a complete or error message", self.request_id)
             except grpc.RpcError as e:
                 if self._is_cancelled:

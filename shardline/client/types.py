@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from shardline.v1 import common_pb2, gateway_pb2
 
+from .errors import error_from_code
+
 FINISH_REASONS = {common_pb2.FINISH_REASON_UNSPECIFIED: "", common_pb2.FINISH_REASON_LENGTH: "length",
                   common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_CANCELLED: "cancelled",
                   common_pb2.FINISH_REASON_ERROR: "error"}
@@ -138,3 +140,34 @@ def request_info_from_wire(s: gateway_pb2.RequestStatus) -> RequestInfo:
 def models_from_wire(r: gateway_pb2.ListModelsResponse) -> list[ModelInfo]:
     return [ModelInfo(m.name, m.architecture, m.max_model_len, m.num_stages, m.tp_size, m.num_routes)
             for m in r.models]
+
+
+class StreamState:
+    """What a stream has received so far, and how one GenerateStream message updates it: shared by
+    the sync and asyncio streams, which differ only in how they wait."""
+
+    def __init__(self, request) -> None:
+        self._request = request
+        self.request_id = request.request_id
+        self.text, self.token_ids = "", []
+        self.finish_reason, self.matched_stop = "", ""
+        self.usage, self.timings = Usage(), Timings()
+
+    def _apply(self, message) -> Delta | None:
+        """A chunk -> its Delta; a complete -> None (the stream is done); an error -> raised."""
+        event = message.WhichOneof("event")
+        if event == "chunk":
+            self.text += message.chunk.text
+            self.token_ids.extend(message.chunk.token_ids)
+            return Delta(message.chunk.text, list(message.chunk.token_ids))
+        if event == "complete":
+            c = message.complete
+            self.finish_reason = FINISH_REASONS.get(c.finish_reason, "")
+            self.matched_stop = c.matched_stop
+            self.usage, self.timings = usage_from_wire(c.usage), timings_from_wire(c.timings)
+            return None
+        raise error_from_code(message.error.code, message.error.message, self.request_id)
+
+    def _result(self) -> GenerateResult:
+        return GenerateResult(self.request_id, self._request.model, self.text, list(self.token_ids),
+                              self.finish_reason, self.matched_stop, self.usage, self.timings)
