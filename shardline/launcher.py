@@ -273,6 +273,10 @@ class LocalCluster:
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def keep_workdir(self) -> None:
+        """Leave the working directory (models, logs) in place on stop, even a temporary one."""
+        self._own_workdir = False
+
     def kill(self, name: str) -> None:
         """SIGKILL one process by name (failure tests)."""
         self.process(name).kill()
@@ -315,7 +319,12 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     try:
         cluster.start()
-    except (ConfigError, RuntimeError, TimeoutError) as e:
+    except ConfigError as e:  # bad flags or model: nothing started worth a log
+        print(f"shardline up: error: {e}", file=sys.stderr)
+        cluster.stop()
+        return 2
+    except (RuntimeError, TimeoutError) as e:
+        cluster.keep_workdir()  # its logs say why a service did not come up
         print(f"shardline up: error: {e}\n  logs: {cluster.logdir}", file=sys.stderr)
         cluster.stop()
         return 2
