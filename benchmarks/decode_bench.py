@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 
 
 GEMM_CONFIG: str | None = None  # --gemm-config
+OVERLAP: bool | None = None  # --overlap / --no-overlap (None: EngineConfig's default)
 
 
 def build(shape: str, dtype: str = "bf16", int8: bool = False, max_num_seqs: int = 256,
@@ -45,7 +46,8 @@ def build(shape: str, dtype: str = "bf16", int8: bool = False, max_num_seqs: int
     manifest = random_manifest(cfg, dtype, int8=int8)
     config = EngineConfig(device=device, kv_cache_bytes=kv_bytes, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=8192, max_model_len=max_model_len, verify_checksums=False,
-                          gemm_config=GEMM_CONFIG)
+                          gemm_config=GEMM_CONFIG,
+                          **({} if OVERLAP is None else {"overlap_decode": OVERLAP}))
     weights = random_stage_weights(manifest, 0, 0, device)
     engine = StageEngine(None, 0, single_rank(), config, manifest=manifest, weights=weights)
     return LocalPipeline(None, config=config, engines=[engine])
@@ -135,14 +137,18 @@ def main() -> None:
     ap.add_argument("--gptfast-batches", default="1")
     ap.add_argument("--skip", default="", help="comma list of: int8,gptj,prefill")
     ap.add_argument("--gemm-config", help="use `shardline tune-gemm` choices (and report the gain)")
+    ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                    help="launch step N+1 before reading step N's tokens (default: the engine's)")
     ap.add_argument("--out")
     args = ap.parse_args()
-    global GEMM_CONFIG
-    GEMM_CONFIG = args.gemm_config
+    global GEMM_CONFIG, OVERLAP
+    GEMM_CONFIG, OVERLAP = args.gemm_config, args.overlap
     batches = [int(b) for b in args.batches.split(",")]
     skip = set(filter(None, args.skip.split(",")))
     res: dict = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
-                 "command": " ".join(sys.argv), "torch": torch.__version__}
+                 "command": " ".join(sys.argv), "torch": torch.__version__,
+                 "overlap": EngineConfig().overlap_decode if OVERLAP is None else OVERLAP,
+                 "pdl": os.environ.get("SHARDLINE_PDL", "1") not in ("", "0")}
     peers = Path(args.peers) if args.peers else None
 
     if peers is not None:  # peers first, each in its own process, so their memory is gone before ours

@@ -3,6 +3,8 @@
 The only place the kernels read the environment, once, at import:
 
     SHARDLINE_DISABLE_TRITON=1   every op runs its `*_ref` (a debugging and bisecting switch)
+    SHARDLINE_PDL=0              launch decode kernels without programmatic dependent launch
+                                 (Hopper and later; on by default there, see triton_gemv.py)
     TRITON_INTERPRET=1           Triton's own interpreter switch; with it, CPU tensors take the
                                  Triton path too (slow; lets kernel tests run without a GPU)
 
@@ -19,6 +21,7 @@ import torch
 
 TRITON_DISABLED = os.environ.get("SHARDLINE_DISABLE_TRITON", "0") not in ("", "0")
 TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+PDL_DISABLED = os.environ.get("SHARDLINE_PDL", "1") in ("", "0")
 
 
 @functools.cache
@@ -35,6 +38,25 @@ def use_triton(x: torch.Tensor) -> bool:
     if TRITON_DISABLED or not (x.is_cuda or TRITON_INTERPRET):
         return False
     return triton_available()
+
+
+@functools.cache
+def _is_hopper_or_later(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def use_pdl(x: torch.Tensor) -> bool:
+    """Launch x's kernel with programmatic dependent launch: it may start while the kernel before
+    it drains, and waits for it (gdc_wait) before reading what that kernel wrote."""
+    if PDL_DISABLED or TRITON_INTERPRET or not x.is_cuda:
+        return False
+    return _is_hopper_or_later(x.device.index if x.device.index is not None else torch.cuda.current_device())
+
+
+def pdl_args(x: torch.Tensor) -> dict:
+    """Launch arguments of a decode kernel that calls `triton_pdl.pdl_wait(USE_PDL)`."""
+    pdl = use_pdl(x)
+    return {"USE_PDL": pdl, "launch_pdl": pdl}
 
 
 def next_pow2(n: int) -> int:

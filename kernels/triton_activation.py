@@ -14,11 +14,15 @@ import torch
 import triton
 import triton.language as tl
 
+from ._dispatch import pdl_args
+from .triton_pdl import pdl_wait
+
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, inter, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, inter, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_wait(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -31,7 +35,8 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, inter, BLOCK: tl.
 
 
 @triton.jit
-def _gelu_tanh_kernel(x_ptr, out_ptr, n, K0: tl.constexpr, BLOCK: tl.constexpr):
+def _gelu_tanh_kernel(x_ptr, out_ptr, n, K0: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_wait(USE_PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -50,7 +55,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     BLOCK = 1024
     if T and inter:
         _silu_and_mul_kernel[(T, triton.cdiv(inter, BLOCK))](x2, out, x2.stride(0), out.stride(0), inter,
-                                                            BLOCK=BLOCK, num_warps=4)
+                                                            BLOCK=BLOCK, num_warps=4, **pdl_args(x2))
     return out.view(*shape[:-1], inter)
 
 
@@ -61,5 +66,5 @@ def gelu_tanh_triton(x: torch.Tensor) -> torch.Tensor:
     BLOCK = 2048
     if n:
         _gelu_tanh_kernel[(triton.cdiv(n, BLOCK),)](xc, out, n, K0=_SQRT_2_OVER_PI, BLOCK=BLOCK,
-                                                     num_warps=8)
+                                                     num_warps=8, **pdl_args(xc))
     return out

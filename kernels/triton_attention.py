@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._dispatch import next_pow2, sm_count
+from ._dispatch import next_pow2, pdl_args, sm_count
+from .triton_pdl import pdl_wait
 
 _LOG2E = 1.4426950408889634
 
@@ -32,7 +33,8 @@ _LOG2E = 1.4426950408889634
 def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                      stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_c_slot, stride_c_h,
                      n_kv_heads, HEAD_DIM: tl.constexpr, HEADS_P2: tl.constexpr,
-                     HEAD_DIM_P2: tl.constexpr):
+                     HEAD_DIM_P2: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_wait(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:  # padding row of a captured batch
@@ -56,7 +58,7 @@ def write_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
     if T:
         _write_kv_kernel[(T,)](k, v, kc, vc, slot_mapping, k.stride(0), k.stride(1), v.stride(0),
                                v.stride(1), kc.stride(0), kc.stride(1), nkv, HEAD_DIM=hd,
-                               HEADS_P2=next_pow2(nkv), HEAD_DIM_P2=next_pow2(hd), num_warps=4)
+                               HEADS_P2=next_pow2(nkv), HEAD_DIM_P2=next_pow2(hd), num_warps=4, **pdl_args(k))
 
 
 @triton.jit
@@ -76,7 +78,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
                    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                   NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_wait(USE_PDL)
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -135,7 +138,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
 
 @triton.jit
 def _combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_heads, stride_o_t, stride_o_h,
-                    HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_wait(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.arange(0, NUM_SPLITS)
@@ -277,10 +281,11 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
             scale_log2, B, nh, *strides, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
-            BLOCK_N=decode_block_n, NUM_SPLITS=splits, num_warps=4, num_stages=2, **common)
+            BLOCK_N=decode_block_n, NUM_SPLITS=splits, num_warps=4, num_stages=2, **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
-                                     HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4)
+                                     HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,
+                                     **pdl_args(q))
         return out
     cfg = prefill_config or _prefill_config(T, hd, group)
     block_q = max(cfg["BLOCK_M"] // next_pow2(group), 1)

@@ -13,14 +13,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ._dispatch import next_pow2
+from ._dispatch import next_pow2, pdl_args
+from .triton_pdl import pdl_wait
 
 
 @triton.jit
 def _norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
                  stride_x, stride_res, stride_out, stride_res_out, H, eps,
                  IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 BLOCK: tl.constexpr):
+                 BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_wait(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -63,7 +65,7 @@ def _norm(x, weight, bias, eps, residual, is_rms, out_dtype):
         _norm_kernel[(T,)](x2, res2, weight, bias if bias is not None else weight, out, res_out,
                            x2.stride(0), res2.stride(0), out.stride(0), res_out.stride(0), H, eps,
                            IS_RMS=is_rms, HAS_RESIDUAL=residual is not None,
-                           HAS_BIAS=bias is not None, BLOCK=BLOCK, num_warps=num_warps)
+                           HAS_BIAS=bias is not None, BLOCK=BLOCK, num_warps=num_warps, **pdl_args(x2))
     return out.view(shape), (res_out.view(shape) if residual is not None else None)
 
 

@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._dispatch import next_pow2
+from ._dispatch import next_pow2, pdl_args
+from .triton_pdl import pdl_wait
 
 
 @triton.jit
@@ -52,7 +53,8 @@ def _rotary_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, q_out_ptr, k_out_p
                    stride_c_slot, stride_c_h, stride_cs, n_heads, n_kv_heads,
                    HALF: tl.constexpr, HEAD_DIM: tl.constexpr, HALF_P2: tl.constexpr,
                    REST_P2: tl.constexpr, HEAD_DIM_P2: tl.constexpr,
-                   HEADS_P2: tl.constexpr, KV_HEADS_P2: tl.constexpr, WRITE_KV: tl.constexpr):
+                   HEADS_P2: tl.constexpr, KV_HEADS_P2: tl.constexpr, WRITE_KV: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_wait(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     half = tl.arange(0, HALF_P2)[None, :]
@@ -108,7 +110,7 @@ def _launch(q, k, v, positions, cos_sin, rotary_dim, k_cache, v_cache, slot_mapp
             HALF=half, HEAD_DIM=hd, HALF_P2=next_pow2(half),
             REST_P2=next_pow2(hd - rotary_dim) if hd > rotary_dim else 0,
             HEAD_DIM_P2=next_pow2(hd), HEADS_P2=next_pow2(nh), KV_HEADS_P2=next_pow2(nkv),
-            WRITE_KV=write_kv, num_warps=4)
+            WRITE_KV=write_kv, num_warps=4, **pdl_args(q))
     return q_out, (None if write_kv else k_out)
 
 

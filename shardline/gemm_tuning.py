@@ -5,8 +5,10 @@ GPU, keep the fastest, and let the stage worker load the choice.
     python -m shardline.stage_worker ... --gemm-config gemm-h200.json
 
 Candidates per (N, K, weight dtype, batch rows M): cuBLAS (torch's F.linear, or int8 dequantise +
-cuBLAS) and the split-K small-M Triton kernel (kernels/triton_quant.py) at a few tile/split
-configurations, each timed as CUDA-graph replays (as the engine runs decode). The file is keyed by
+cuBLAS), the split-K small-M Triton kernel (kernels/triton_quant.py) and, for M <= 4, the decode
+GEMV (kernels/triton_gemv.py) in the fused form the engine runs it (RMSNorm before qkv, the head
+and gate/up; SwiGLU after gate/up), each at a few tile configurations, each timed as CUDA-graph
+replays (as the engine runs decode). The file is keyed by
 GPU name; on another GPU, or when the file is missing, the engine warns and keeps its defaults.
 A call with M rows uses the entry of the smallest tuned M >= M (decode graphs run at exactly the
 bucket sizes); above the largest, the default path.
@@ -29,6 +31,12 @@ from shardline.config import ModelConfig
 log = logging.getLogger("shardline.gemm_tuning")
 TRITON_CONFIGS = [dict(BLOCK_N=bn, BLOCK_K=128, SPLIT_K=sk, num_warps=4, num_stages=4)
                   for bn in (32, 64, 128) for sk in (1, 2, 4, 8)]
+# GEMV tiles: accumulators of BLOCK_N x BLOCK_K fp32 up to 64 per thread.
+GEMV_CONFIGS = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w) for w in (4, 8) for bn in (4, 8, 16, 32)
+                for bk in (256, 512, 1024) if bn * bk <= 64 * 32 * w]
+# How the engine runs each linear through the GEMV: (RMSNorm fused before, SwiGLU fused after).
+GEMV_FUSION = {"qkv_proj": (True, False), "o_proj": (False, False), "up_proj": (True, True),
+               "down_proj": (False, False), "lm_head": (True, False)}
 
 
 def key(n: int, k: int, w_dtype: torch.dtype, x_dtype: torch.dtype) -> str:
@@ -97,9 +105,17 @@ def _time_graph_us(fn, copies: int, reps: int = 24) -> float:
     return start.elapsed_time(end) * 1e3 / (3 * reps)
 
 
+def _gemv_runner(x: torch.Tensor, ws: list[torch.Tensor], scale: torch.Tensor | None, norm: bool, glu: bool):
+    from shardline.kernels.gemv import fused_linear
+
+    norm_weight = torch.ones(x.shape[1], dtype=x.dtype, device=x.device) if norm else None
+    residual = torch.randn_like(x) if norm else None
+    return lambda i, cfg: fused_linear(x, ws[i], scale, None, norm_weight, residual, 1e-5, glu, cfg)
+
+
 def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.dtype, int8: bool,
          device: torch.device, int8_names: set[str] | None = None) -> tuple[GemmTable, list[dict]]:
-    from shardline.kernels import quant
+    from shardline.kernels import gemv, quant
 
     table = GemmTable(torch.cuda.get_device_name(device))
     report = []
@@ -119,14 +135,19 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
             else:
                 cublas_us = _time_graph_us(lambda i: quant.int8_linear(x, ws[i], scale), copies)
             best = {"impl": "cublas", "config": None, "us": cublas_us}
-            for cfg in (TRITON_CONFIGS if m <= 64 else []):
+            candidates = [("triton", cfg, lambda i, c=cfg: quant.small_m_linear(x, ws[i], scale, None, c))
+                          for cfg in (TRITON_CONFIGS if m <= 64 else [])]
+            if gemv.fits(x, w) and name in GEMV_FUSION:
+                run_gemv = _gemv_runner(x, ws, scale, *GEMV_FUSION[name])
+                candidates += [("gemv", cfg, lambda i, c=cfg: run_gemv(i, c)) for cfg in GEMV_CONFIGS]
+            for impl, cfg, fn in candidates:
                 try:
-                    us = _time_graph_us(lambda i: quant.small_m_linear(x, ws[i], scale, None, cfg), copies)
+                    us = _time_graph_us(fn, copies)
                 except Exception as e:  # noqa: BLE001 - a config that does not compile is not a candidate
-                    log.debug("config %s failed: %s", cfg, e)
+                    log.debug("%s config %s failed: %s", impl, cfg, e)
                     continue
                 if us < best["us"]:
-                    best = {"impl": "triton", "config": cfg, "us": us}
+                    best = {"impl": impl, "config": cfg, "us": us}
             best["cublas_us"] = cublas_us
             table.entries.setdefault(key(n, k, w.dtype, x_dtype), {})[m] = best
             row = {"name": name, "N": n, "K": k, "M": m, "w": str(w.dtype).removeprefix("torch."),

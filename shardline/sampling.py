@@ -81,27 +81,31 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], positions: torch.
     greedy = logits.argmax(dim=-1)
     if all(p.is_greedy for p in params):
         return greedy
+    # Every per-row parameter in one host tensor and one copy (pinned on a GPU, so the copy does
+    # not wait for the kernels queued before it: see stage_worker/staging.py).
     device = logits.device
-    temps = torch.tensor([p.temperature if not p.is_greedy else 1.0 for p in params], device=device)
+    vocab = logits.shape[-1]
+    rows = torch.tensor([[p.temperature if not p.is_greedy else 1.0 for p in params],
+                         [p.top_k if 0 < p.top_k < vocab else vocab for p in params],
+                         [p.top_p for p in params], [float(p.is_greedy) for p in params]], dtype=torch.float64)
+    ints = torch.stack([torch.tensor([p.seed for p in params], dtype=torch.int64), positions.cpu().long()])
+    if device.type == "cuda":
+        rows, ints = rows.pin_memory(), ints.pin_memory()
+    rows, ints = rows.to(device, non_blocking=True), ints.to(device, non_blocking=True)
+    temps, k_t, p_t, is_greedy = rows[0].float(), rows[1].long(), rows[2].float()[:, None], rows[3] > 0
+    seeds, positions = ints[0], ints[1]
     x = logits.float() / temps[:, None]
-    vocab = x.shape[-1]
-    top_ks = [p.top_k for p in params]
-    if any(0 < k < vocab for k in top_ks):
-        k_t = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks], device=device)
+    if any(0 < p.top_k < vocab for p in params):
         sorted_desc = x.sort(dim=-1, descending=True).values
         kth = sorted_desc.gather(1, (k_t - 1)[:, None])  # (B, 1)
         x = x.masked_fill(x < kth, float("-inf"))
     probs = torch.softmax(x, dim=-1)
-    top_ps = [p.top_p for p in params]
-    if any(tp < 1.0 for tp in top_ps):
-        p_t = torch.tensor(top_ps, device=device)[:, None]
+    if any(p.top_p < 1.0 for p in params):
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         # Keep the smallest prefix whose mass reaches top_p (the token crossing it is kept).
         drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= p_t
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
-    seeds = torch.tensor([p.seed for p in params], device=device)
-    u = uniform_noise(seeds, positions.to(device), vocab)
+    u = uniform_noise(seeds, positions, vocab)
     drawn = (probs / -torch.log(u)).argmax(dim=-1)
-    is_greedy = torch.tensor([p.is_greedy for p in params], device=device)
     return torch.where(is_greedy, greedy, drawn)

@@ -7,18 +7,22 @@ replays the whole stage's step with one launch. Graphs are captured lazily, one 
 -1, which the kernels skip, and their outputs are dropped), and the context bucket bounds the
 block-table width, so decode attention's split-K fits the real contexts, not the model's maximum.
 
-Static buffers are shared by all graphs (views of different sizes); every input is copied into
-them before a replay. Only the first stage's token ids or another stage's hidden rows, and the
-step metadata, change between replays.
+Every graph reads its step from one flat int64 device buffer, laid out per graph as
+[ids b | positions b | slots b | seq_lens b int32 | block table b x width int32]. The host fills
+the same layout in a pinned staging slot and sends it with one asynchronous copy, so launching a
+step never waits for the one before it (staging.py). Only the first stage's token ids or another
+stage's hidden rows, and that metadata, change between replays.
 """
 
 from __future__ import annotations
 
 import bisect
 
+import numpy as np
 import torch
 
 from shardline.model.transformer import StageModel, StepMetadata
+from shardline.stage_worker.staging import HostStep, PinnedStaging
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 CONTEXT_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)
@@ -33,14 +37,10 @@ class CudaGraphRunner:
         self.context_buckets = [c for c in CONTEXT_BUCKETS if c < max_model_len] + [max_model_len]
         B, W = self.batch_buckets[-1], -(-max_model_len // block_size)
         dev = self.device
-        if model.is_first:
-            self.inputs = torch.zeros(B, dtype=torch.int64, device=dev)
-        else:
-            self.inputs = torch.zeros(B, model.cfg.hidden_size, dtype=model.dtype, device=dev)
-        self.positions = torch.zeros(B, dtype=torch.int64, device=dev)
-        self.slot_mapping = torch.full((B,), -1, dtype=torch.int64, device=dev)
-        self.block_tables = torch.zeros(B, W, dtype=torch.int32, device=dev)
-        self.seq_lens = torch.ones(B, dtype=torch.int32, device=dev)
+        numel = StepLayout(B, W).numel
+        self.staging = PinnedStaging(numel, dev)
+        self.buffer = torch.zeros(numel, dtype=torch.int64, device=dev)
+        self.hidden = None if model.is_first else torch.zeros(B, model.cfg.hidden_size, dtype=model.dtype, device=dev)
         self.query_start_loc = torch.arange(B + 1, dtype=torch.int32, device=dev)
         self.sample_rows = torch.arange(B, dtype=torch.int64, device=dev)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -54,16 +54,17 @@ class CudaGraphRunner:
             return None
         return self.batch_buckets[bi], self.context_buckets[ci]
 
-    def _meta(self, b: int, ctx: int) -> StepMetadata:
-        width = -(-ctx // self.block_size)
-        return StepMetadata(positions=self.positions[:b], slot_mapping=self.slot_mapping[:b],
-                            block_tables=self.block_tables[:b, :width], seq_lens=self.seq_lens[:b],
-                            query_start_loc=self.query_start_loc[:b + 1], sample_rows=self.sample_rows[:b],
-                            max_query_len=1, max_seq_len=ctx)
+    def _layout(self, b: int, ctx: int) -> "StepLayout":
+        return StepLayout(b, -(-ctx // self.block_size))
 
     def _capture(self, b: int, ctx: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        meta = self._meta(b, ctx)
-        inputs = self.inputs[:b]
+        layout = self._layout(b, ctx)
+        ids, meta = layout.views(self.buffer, self.query_start_loc, self.sample_rows, ctx)
+        inputs = ids if self.model.is_first else self.hidden[:b]
+        # Warm-up input: b rows of context 1 in block 0, writing nowhere (slot -1).
+        slot, buf = self.staging.slot()
+        layout.fill(buf, HostStep())
+        self.staging.upload(slot, layout.numel, self.buffer)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -77,24 +78,67 @@ class CudaGraphRunner:
             self.pool = graph.pool()
         return graph, out
 
-    def run(self, inputs: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-            block_tables: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int) -> torch.Tensor | None:
-        """Host tensors of n decode rows in, the stage's output for those rows out (None: no graph fits)."""
-        n = positions.shape[0]
-        key = self.buckets(n, max_seq_len)
+    def run(self, inputs: torch.Tensor, step: HostStep) -> torch.Tensor | None:
+        """A decode step (a HostStep of n rows) and its inputs in; the stage's output for those n
+        rows out, or None when no graph fits. Host token ids travel in the staged buffer; device
+        inputs (ids resolved on the GPU, or hidden rows) are copied into the graph's own."""
+        n = len(step.seq_lens)
+        key = self.buckets(n, step.max_seq_len)
         if key is None:
             return None
-        b, _ = key
-        # Padding rows: slot -1 (skipped by the cache write), context 1, block 0; outputs dropped.
-        self.slot_mapping[n:b].fill_(-1)
-        self.seq_lens[n:b].fill_(1)
-        self.inputs[:n].copy_(inputs, non_blocking=True)
-        self.positions[:n].copy_(positions, non_blocking=True)
-        self.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)
-        self.seq_lens[:n].copy_(seq_lens, non_blocking=True)
-        self.block_tables[:n, :block_tables.shape[1]].copy_(block_tables, non_blocking=True)
         if key not in self.graphs:
             self.graphs[key] = self._capture(*key)
+        b, ctx = key
+        layout = self._layout(b, ctx)
+        host_ids = self.model.is_first and inputs.device.type == "cpu"
+        slot, buf = self.staging.slot()
+        layout.fill(buf, step, inputs.numpy() if host_ids else None)
+        self.staging.upload(slot, layout.numel, self.buffer)
+        if not host_ids:
+            dst = self.buffer[:n] if self.model.is_first else self.hidden[:n]
+            dst.copy_(inputs, non_blocking=True)
         graph, out = self.graphs[key]
         graph.replay()
         return out[:n]
+
+
+class StepLayout:
+    """Where a graph of b rows and block-table width w finds each part of its step in the flat
+    int64 buffer. Padding rows (n..b) get slot -1 (the cache write skips them), context 1 and
+    block 0; their outputs are dropped."""
+
+    def __init__(self, b: int, width: int) -> None:
+        self.b, self.width = b, width
+        self.seq_lens_at = 3 * b  # in int64 units; seq_lens and the table are int32
+        self.tables_at = self.seq_lens_at + (b + 1) // 2
+        self.numel = self.tables_at + (b * width + 1) // 2
+
+    def views(self, buffer: torch.Tensor, query_start_loc: torch.Tensor, sample_rows: torch.Tensor,
+              ctx: int) -> tuple[torch.Tensor, StepMetadata]:
+        b, w = self.b, self.width
+        as32 = buffer.view(torch.int32)
+        meta = StepMetadata(positions=buffer[b:2 * b], slot_mapping=buffer[2 * b:3 * b],
+                            seq_lens=as32[2 * self.seq_lens_at:2 * self.seq_lens_at + b],
+                            block_tables=as32[2 * self.tables_at:2 * self.tables_at + b * w].view(b, w),
+                            query_start_loc=query_start_loc[:b + 1], sample_rows=sample_rows[:b],
+                            max_query_len=1, max_seq_len=ctx)
+        return buffer[:b], meta
+
+    def fill(self, buf: np.ndarray, step: HostStep, ids: np.ndarray | None = None) -> None:
+        """Write `step` (n <= b rows) into the host array `buf` in this layout."""
+        b, w, n = self.b, self.width, len(step.seq_lens)
+        buf[:b] = 0
+        if ids is not None:
+            buf[:n] = ids
+        buf[b:b + n] = step.positions
+        buf[b + n:2 * b] = 0
+        buf[2 * b:2 * b + n] = step.slots
+        buf[2 * b + n:3 * b] = -1
+        as32 = buf.view(np.int32)
+        seq_lens = as32[2 * self.seq_lens_at:2 * self.seq_lens_at + b]
+        seq_lens[:n] = step.seq_lens
+        seq_lens[n:] = 1
+        tables = as32[2 * self.tables_at:2 * self.tables_at + b * w].reshape(b, w)
+        for i, t in enumerate(step.tables):
+            tables[i, :len(t)] = t
+        tables[n:, 0] = 0

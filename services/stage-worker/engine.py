@@ -29,6 +29,7 @@ from shardline.stage_worker.batch import StageBatch
 from shardline.stage_worker.block_manager import BlockManager, OutOfBlocks
 from shardline.stage_worker.cuda_graphs import CudaGraphRunner
 from shardline.stage_worker.kv_cache import KVCache, plan_num_blocks
+from shardline.stage_worker.staging import HostStep
 from shardline.wire import DTYPE_NAMES, DTYPES_BY_NAME, MODEL_DTYPES
 
 CPU_DEFAULT_KV_BYTES = 256 << 20
@@ -139,13 +140,12 @@ class StageEngine:
             self.block_manager.free(rid)
         if not batch.chunks:
             return [] if self.is_last else inputs
-        meta = self._prepare(batch)
+        step = self._prepare(batch)
         out = None
-        if self.graphs is not None and meta.max_query_len == 1 and not batch.return_logits:
-            out = self.graphs.run(inputs, meta.positions, meta.slot_mapping, meta.block_tables, meta.seq_lens,
-                                  meta.max_seq_len)
+        if self.graphs is not None and step.max_query_len == 1 and not batch.return_logits:
+            out = self.graphs.run(inputs, step)
         if out is None:
-            meta = _to_device(meta, self.device)
+            meta = _to_device(step.metadata(), self.device)
             out = self.model.forward(inputs.to(self.device), meta, self.kv_layers)
         if self.is_last and not batch.return_logits:
             sampled = batch.sampled
@@ -160,8 +160,8 @@ class StageEngine:
         self.busy_seconds += time.perf_counter() - started
         return out
 
-    def _prepare(self, batch: StageBatch) -> StepMetadata:
-        """Allocate the step's KV blocks and describe it (host tensors; see StepMetadata)."""
+    def _prepare(self, batch: StageBatch) -> HostStep:
+        """Allocate the step's KV blocks and describe the step (plain host lists)."""
         bm = self.block_manager
         missing = 0
         for c in batch.chunks:
@@ -173,35 +173,29 @@ class StageEngine:
         if missing > bm.num_free_blocks:
             raise OutOfBlocks(f"this step needs {missing} more KV blocks on stage {self.stage}, "
                               f"{bm.num_free_blocks} are free")
-        positions, slots, tables, seq_lens, starts, sample_rows = [], [], [], [], [0], []
+        step = HostStep()
         bs = bm.block_size
         for c in batch.chunks:
             end = c.start_position + c.num_tokens
             table = bm.allocate(c.request_id, end)
-            pos = range(c.start_position, end)
-            positions.extend(pos)
-            slots.extend(table[p // bs] * bs + p % bs for p in pos)
-            tables.append(table)
-            seq_lens.append(end)
-            starts.append(starts[-1] + c.num_tokens)
+            if c.num_tokens == 1:
+                p = c.start_position
+                step.positions.append(p)
+                step.slots.append(table[p // bs] * bs + p % bs)
+            else:
+                pos = range(c.start_position, end)
+                step.positions.extend(pos)
+                step.slots.extend(table[p // bs] * bs + p % bs for p in pos)
+            step.tables.append(table)
+            step.seq_lens.append(end)
+            step.starts.append(step.starts[-1] + c.num_tokens)
             if batch.return_logits:
-                sample_rows.extend(range(starts[-2], starts[-1]))
+                step.sample_rows.extend(range(step.starts[-2], step.starts[-1]))
             elif c.sample:
-                sample_rows.append(starts[-1] - 1)
-        width = max(len(t) for t in tables)
-        padded = [t + [0] * (width - len(t)) for t in tables]
-        # Plain (pageable) host tensors: pinning each step's buffers measured slower on the H200
-        # (2026-11-29, docs/benchmarks.md): the pinned allocations cost more than they saved.
-        return StepMetadata(
-            positions=torch.tensor(positions, dtype=torch.int64),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            block_tables=torch.tensor(padded, dtype=torch.int32),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32),
-            sample_rows=torch.tensor(sample_rows, dtype=torch.int64),
-            max_query_len=max(c.num_tokens for c in batch.chunks),
-            max_seq_len=max(seq_lens),
-        )
+                step.sample_rows.append(step.starts[-1] - 1)
+            step.max_query_len = max(step.max_query_len, c.num_tokens)
+        step.max_seq_len = max(step.seq_lens)
+        return step
 
     # -- introspection ----------------------------------------------------------------------------
 

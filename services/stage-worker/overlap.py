@@ -6,20 +6,21 @@ Python) then adds to every step. Here step N+1 is launched before step N's token
 rows whose input is a token still being sampled take it on the device from step N's output, and
 the host reads step N's tokens while the GPU runs step N+1.
 
-Opt-in (`EngineConfig.overlap_decode`) for an engine that is both first and last stage (PP = 1);
+For an engine that is both first and last stage (PP = 1) with `EngineConfig.overlap_decode`;
 the scheduler must have `lookahead=1`. With PP > 1 the micro-batches in flight already keep every
-stage busy. Measured on the H200 (docs/benchmarks.md) it has not yet paid: the host gap between
-steps grew (0.28 -> 0.37 ms at batch 1) instead of vanishing, so something in this path still
-waits for the device; until that is found it stays off by default.
+stage busy. Every host -> device copy on this path goes through pinned staging (staging.py): a
+pageable copy would wait for step N and undo the overlap.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from shardline.stage_worker.batch import StageBatch
 from shardline.stage_worker.engine import StageEngine
 from shardline.stage_worker.scheduler import Scheduler
+from shardline.stage_worker.staging import PinnedStaging
 
 
 def wants_overlap(engine: StageEngine) -> bool:
@@ -31,11 +32,8 @@ class OverlappedStepper:
         assert engine.is_first and engine.is_last, "overlap needs the whole model in one stage"
         self.engine, self.scheduler = engine, scheduler
         self._launched: tuple[StageBatch, torch.Tensor] | None = None
-
-    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
-        """Host -> device with an async copy (torch.tensor(..., device=cuda) is a synchronous copy
-        that waits for the running step and undoes the overlap)."""
-        return t.to(self.engine.device, non_blocking=True)
+        c = engine.config
+        self.staging = PinnedStaging(c.max_num_batched_tokens + 2 * c.max_num_seqs, engine.device)
 
     @property
     def has_launched(self) -> bool:
@@ -46,13 +44,14 @@ class OverlappedStepper:
         launched = None
         if batch.chunks:
             ids, pending = self.scheduler.input_ids(batch)
-            inputs = self._to_device(ids)
-            if pending:
+            inputs = ids
+            if pending:  # ids, then the pending rows and where step N sampled them, in one copy
                 prev_batch, prev_tokens = self._launched
                 index = {c.request_id: j for j, c in enumerate(prev_batch.sampled)}
-                rows = self._to_device(torch.tensor([r for r, _ in pending]))
-                src = self._to_device(torch.tensor([index[rid] for _, rid in pending]))
-                inputs[rows] = prev_tokens[src]
+                n, p = len(ids), len(pending)
+                staged = self.staging.to_device(np.concatenate([
+                    ids.numpy(), [r for r, _ in pending], [index[rid] for _, rid in pending]]))
+                inputs = staged[:n].index_copy_(0, staged[n:n + p], prev_tokens[staged[n + p:]])
             launched = (batch, self.engine.step(batch, inputs, defer_tokens=True))
         done, self._launched = self._launched, launched
         if done is None:

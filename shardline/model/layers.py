@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from shardline.kernels import quant
+from shardline.kernels import gemv, quant
 from shardline.parallel import TPGroup
 
 
@@ -21,16 +21,37 @@ class Linear:
         self.weight, self.bias, self.scale = weight, bias, scale
         self.gemms = None  # a GemmTable from `shardline tune-gemm`, when loaded
 
+    def _choice(self, x: torch.Tensor) -> dict | None:
+        if self.gemms is None:
+            return None
+        n, k = self.weight.shape
+        return self.gemms.choice(n, k, self.weight.dtype, x.dtype, x.shape[0])
+
+    def uses_gemv(self, x: torch.Tensor) -> bool:
+        """A few rows (decode) run the GEMV kernel, unless `tune-gemm` found another faster."""
+        if not gemv.fits(x, self.weight):
+            return False
+        choice = self._choice(x)
+        return choice is None or choice["impl"] == "gemv"
+
     def __call__(self, x: torch.Tensor, add_bias: bool = True) -> torch.Tensor:
         bias = self.bias if add_bias else None
-        if self.gemms is not None:
-            n, k = self.weight.shape
-            choice = self.gemms.choice(n, k, self.weight.dtype, x.dtype, x.shape[0])
-            if choice is not None and choice["impl"] == "triton":
-                return quant.small_m_linear(x, self.weight, self.scale, bias, choice["config"])
+        choice = self._choice(x)
+        if self.uses_gemv(x):
+            return gemv.fused_linear(x, self.weight, self.scale, bias, config=choice["config"] if choice else None)[0]
+        if choice is not None and choice["impl"] == "triton":
+            return quant.small_m_linear(x, self.weight, self.scale, bias, choice["config"])
         if self.scale is not None:
             return quant.int8_linear(x, self.weight, self.scale, bias)
         return F.linear(x, self.weight, bias)
+
+    def fused(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+              glu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """RMSNorm(x + residual) -> this linear (-> silu(gate) * up when `glu`), in one GEMV
+        kernel when `uses_gemv(x)`; returns (output, x + residual or None)."""
+        choice = self._choice(x)
+        return gemv.fused_linear(x, self.weight, self.scale, self.bias, norm_weight, residual, eps, glu,
+                                 config=choice["config"] if choice is not None and choice["impl"] == "gemv" else None)
 
 
 class VocabParallelEmbedding:

@@ -66,12 +66,20 @@ class DecoderLayer:
         self.is_glu = cfg.activation == "silu_glu"
         self.up_proj = linear("gate_up_proj" if self.is_glu else "up_proj")
         self.down_proj = linear("down_proj")
+        # Llama-style layers (RMSNorm, sequential residual, SwiGLU) fuse their norms and activation
+        # into the decode GEMVs; the others run the same GEMVs unfused.
+        self.fuse_decode = (self.input_norm.is_rms and self.post_attention_norm is not None
+                            and self.input_norm.bias is None and self.is_glu)
 
     def attention(self, x: torch.Tensor, meta: StepMetadata, k_cache: torch.Tensor,
                   v_cache: torch.Tensor) -> torch.Tensor:
         """Partial (pre-all-reduce, bias-free) attention output [T, H]."""
-        T, hd = x.shape[0], self.cfg.head_dim
-        qkv = self.qkv_proj(x)  # (T, (nh + 2 nkv) hd) for this rank's heads
+        return self._attend(self.qkv_proj(x), meta, k_cache, v_cache)
+
+    def _attend(self, qkv: torch.Tensor, meta: StepMetadata, k_cache: torch.Tensor,
+                v_cache: torch.Tensor) -> torch.Tensor:
+        """From the qkv projection [T, (nh + 2 nkv) hd] of this rank's heads to the partial output."""
+        T, hd = qkv.shape[0], self.cfg.head_dim
         q_size, kv_size = self.num_heads * hd, self.num_kv_heads * hd
         q = qkv[:, :q_size].view(T, self.num_heads, hd)
         k = qkv[:, q_size:q_size + kv_size].view(T, self.num_kv_heads, hd)
@@ -92,6 +100,17 @@ class DecoderLayer:
         h = activation.silu_and_mul(h) if self.is_glu else activation.gelu_tanh(h)
         return self.down_proj(h, add_bias=False)
 
+    def _decode(self, h: torch.Tensor, residual: torch.Tensor | None, meta: StepMetadata,
+                k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layer for a few rows, as GEMV kernels with each norm fused into the product
+        after it and SwiGLU into the gate/up product (kernels/gemv.py)."""
+        n1, n2 = self.input_norm, self.post_attention_norm
+        qkv, new_residual = self.qkv_proj.fused(h, n1.weight, n1.eps, residual)
+        residual = h if residual is None else new_residual
+        attn = self._reduce(self._attend(qkv, meta, k_cache, v_cache), self.o_proj.bias)
+        act, residual = self.up_proj.fused(attn, n2.weight, n2.eps, residual, glu=True)
+        return self._reduce(self.down_proj(act, add_bias=False), self.down_proj.bias), residual
+
     def _reduce(self, partial: torch.Tensor, *biases: torch.Tensor | None) -> torch.Tensor:
         out = self.tp.all_reduce(partial)
         for b in biases:
@@ -102,6 +121,8 @@ class DecoderLayer:
     def __call__(self, h: torch.Tensor, residual: torch.Tensor | None, meta: StepMetadata,
                  k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(h, residual) -> (h', residual'): the stream is h + residual; norms fuse the add."""
+        if self.fuse_decode and self.qkv_proj.uses_gemv(h):
+            return self._decode(h, residual, meta, k_cache, v_cache)
         x, residual = self.input_norm(h, residual)
         if residual is None:
             residual = h
@@ -173,6 +194,10 @@ class StageModel:
         if not self.is_last:
             return h + residual
         rows = meta.sample_rows
-        x, _ = self.norm(h[rows], residual[rows])  # only the rows whose next token is drawn
-        logits = self.tp.all_gather_last_dim(self.lm_head(x).float())  # (S, Vp)
+        h, residual = h[rows], residual[rows]  # only the rows whose next token is drawn
+        if self.norm.is_rms and self.norm.bias is None and self.lm_head.uses_gemv(h):
+            logits = self.lm_head.fused(h, self.norm.weight, self.norm.eps, residual)[0]
+        else:
+            logits = self.lm_head(self.norm(h, residual)[0])
+        logits = self.tp.all_gather_last_dim(logits.float())  # (S, Vp)
         return logits[:, :self.cfg.vocab_size]

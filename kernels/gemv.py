@@ -1,0 +1,58 @@
+"""Decode linears: y = x @ W.T for a few rows (M <= GEMV_MAX_M), with what surrounds them fused.
+
+A decode step at batch 1 is ~130 weight streams (four per layer, plus the head), each a few
+microseconds long; the kernels between them (norms, the activation) and the gaps at each kernel
+boundary cost a tenth of the step. `fused_linear` folds into one kernel:
+
+    norm_weight given:  x, residual -> RMSNorm(x + residual) before the product, and returns the
+                        new residual (x + residual), as `norm.rms_norm` does;
+    glu=True:           W is the fused [gate; up] projection [2I, K] and the output is
+                        silu(gate) * up [M, I], as `activation.silu_and_mul` of the product.
+
+int8 weights carry a per-row scale (applied in the epilogue). Rounding follows the unfused path:
+the normed input, the projections and the activation are rounded to x's dtype where the unfused
+kernels round them. The reference below is literally that unfused path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import activation, norm, quant
+from ._dispatch import use_triton
+
+GEMV_MAX_M = 4
+
+
+def _unfused(x, weight, scale, bias, norm_weight, residual, eps, glu, rms_norm, int8_linear, silu_and_mul):
+    res_out = None
+    if norm_weight is not None:
+        x, res_out = rms_norm(x, norm_weight, eps, residual)
+    y = int8_linear(x, weight, scale, bias) if scale is not None else torch.nn.functional.linear(x, weight, bias)
+    return (silu_and_mul(y) if glu else y), res_out
+
+
+def fused_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
+                     bias: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
+                     residual: torch.Tensor | None = None, eps: float = 1e-6,
+                     glu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return _unfused(x, weight, scale, bias, norm_weight, residual, eps, glu,
+                    norm.rms_norm_ref, quant.int8_linear_ref, activation.silu_and_mul_ref)
+
+
+def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `fused_linear` runs the GEMV kernel for these operands (else: unfused torch ops)."""
+    return (x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_M and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.stride(-1) == 1 and use_triton(x))
+
+
+def fused_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
+                 bias: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
+                 residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
+                 config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(y, new residual or None). x [M, K]; weight [N, K] (bf16/fp16, or int8 with scale [N])."""
+    if fits(x, weight):
+        from .triton_gemv import fused_linear_triton
+        return fused_linear_triton(x, weight, scale, bias, norm_weight, residual, eps, glu, config)
+    return _unfused(x, weight, scale, bias, norm_weight, residual, eps, glu,
+                    norm.rms_norm, quant.int8_linear, activation.silu_and_mul)

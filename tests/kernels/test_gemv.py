@@ -1,0 +1,114 @@
+"""The decode GEMV (kernels/gemv.py): the fused kernel against the unfused reference path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_testing import assert_close
+from shardline.kernels import _dispatch
+from shardline.kernels.gemv import fits, fused_linear, fused_linear_ref
+from shardline.kernels.quant import quantize_int8_ref
+
+
+def test_reference_is_the_unfused_path():
+    x, res = torch.randn(2, 48), torch.randn(2, 48)
+    w, nw = torch.randn(40, 48), torch.rand(48) + 0.5
+    y, r = fused_linear_ref(x, w, norm_weight=nw, residual=res, eps=1e-5, glu=True)
+    h = x + res
+    normed = nw * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5))
+    gate, up = (normed @ w.T).chunk(2, dim=-1)
+    torch.testing.assert_close(r, h)
+    torch.testing.assert_close(y, torch.nn.functional.silu(gate) * up)
+
+
+def test_fp32_and_large_batches_take_the_unfused_path():
+    w = torch.randn(16, 32)
+    assert not fits(torch.randn(1, 32), w)  # fp32 (and no GPU here)
+    assert not fits(torch.randn(5, 32, dtype=torch.bfloat16), w.bfloat16())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 3, 4])
+@pytest.mark.parametrize("N,K", [(40, 96), (200, 300), (1000, 1100)])
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+@pytest.mark.parametrize("fuse", ["plain", "norm", "norm_res", "norm_res_glu", "glu_bias"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gemv_matches_the_unfused_path(device, M, N, K, int8, fuse, dtype):
+    if device == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("interpreted, bf16 conversions truncate (the errors add up coherently); fp16 runs")
+    x = torch.randn(M, K, device=device, dtype=dtype)
+    w = (torch.randn(2 * N if "glu" in fuse else N, K, device=device) * K ** -0.5).to(dtype)
+    scale = None
+    if int8:
+        w, scale = quantize_int8_ref(w)
+    kw = {}
+    if "norm" in fuse:
+        kw["norm_weight"] = (torch.rand(K, device=device) + 0.5).to(dtype)
+        kw["eps"] = 1e-5
+    if "res" in fuse:
+        kw["residual"] = torch.randn(M, K, device=device, dtype=dtype)
+    if "bias" in fuse:
+        kw["bias"] = torch.randn(w.shape[0], device=device, dtype=dtype)
+    kw["glu"] = "glu" in fuse
+    assert fits(x, w) or not _dispatch.triton_available()
+    y, r = fused_linear(x, w, scale, **kw)
+    y_ref, r_ref = fused_linear_ref(x, w, scale, **kw)
+    # int8: the reference rounds each dequantised weight to x's dtype; the kernel scales in fp32.
+    assert_close(y, y_ref, f"gemv {fuse}", tol=2e-2 if int8 else None)
+    if "res" in fuse:
+        assert torch.equal(r, r_ref), "the new residual x + residual is not exact"
+    else:
+        assert r is None and r_ref is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_n,block_k", [(4, 128), (8, 1024), (32, 64)])
+def test_gemv_tile_configs(device, block_n, block_k):
+    from shardline.kernels.triton_gemv import fused_linear_triton
+    if not _dispatch.use_triton(torch.empty(0, device=device)):
+        pytest.skip("the Triton kernel itself is under test")
+    x = torch.randn(2, 520, device=device, dtype=torch.float16)
+    w = torch.randn(300, 520, device=device, dtype=torch.float16) * 0.05
+    nw = torch.rand(520, device=device, dtype=torch.float16) + 0.5
+    y, _ = fused_linear_triton(x, w, None, None, nw, None, 1e-6, True,
+                               dict(BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4))
+    assert_close(y, fused_linear_ref(x, w, norm_weight=nw, glu=True)[0], "gemv config")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("int8", [False, True], ids=["fp16", "int8"])
+def test_decode_layers_fused_equal_unfused(device, int8, monkeypatch):
+    """A Llama stage's decode step through the fused GEMVs (norms and SwiGLU folded in, residual
+    carried by the kernels) gives the logits of the unfused kernels."""
+    from shardline.config import ModelConfig
+    from shardline.kernels import gemv
+    from shardline.model.random_weights import LLAMA_SMALL, random_manifest, random_stage_weights
+    from shardline.model.transformer import StageModel, StepMetadata
+    from shardline.parallel import single_rank
+
+    cfg = ModelConfig(**LLAMA_SMALL)
+    manifest = random_manifest(cfg, "fp16", int8=int8)
+    weights = random_stage_weights(manifest, 0, 0, device)
+    model = StageModel(cfg, single_rank(), weights, 0, cfg.num_layers, True, True)
+    assert all(layer.fuse_decode for layer in model.layers)
+    block, nkv, hd = 16, cfg.num_kv_heads, cfg.head_dim
+    caches = [(torch.zeros(8, block, nkv, hd, dtype=torch.float16, device=device),
+               torch.zeros(8, block, nkv, hd, dtype=torch.float16, device=device)) for _ in model.layers]
+    i32 = dict(dtype=torch.int32, device=device)
+    # Prefill 2 sequences of 20 tokens (blocks 0-1 and 2-3), then decode one token each.
+    ids = torch.randint(0, cfg.vocab_size, (40,), device=device)
+    pos = torch.cat([torch.arange(20), torch.arange(20)]).to(device)
+    slots = torch.cat([torch.arange(20), 32 + torch.arange(20)]).to(device)
+    tables = torch.tensor([[0, 1], [2, 3]], **i32)
+    prefill = StepMetadata(pos, slots, tables, torch.tensor([20, 20], **i32), torch.tensor([0, 20, 40], **i32),
+                           torch.tensor([19, 39], device=device), max_query_len=20, max_seq_len=20)
+    model.forward(ids, prefill, caches)
+    step = StepMetadata(torch.tensor([20, 20], device=device), torch.tensor([20, 52], device=device), tables,
+                        torch.tensor([21, 21], **i32), torch.tensor([0, 1, 2], **i32),
+                        torch.tensor([0, 1], device=device), max_query_len=1, max_seq_len=21)
+    new_ids = torch.randint(0, cfg.vocab_size, (2,), device=device)
+    fused = model.forward(new_ids, step, caches)
+    monkeypatch.setattr(gemv, "GEMV_MAX_M", 0)  # every linear takes the unfused path
+    unfused = model.forward(new_ids, step, caches)
+    assert_close(fused, unfused, "fused decode logits", tol=2e-2 if int8 else 2e-3)

@@ -1,0 +1,46 @@
+"""Pinned staging and the packed step layout that CUDA graphs read (run here on CPU tensors)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from shardline.stage_worker.cuda_graphs import StepLayout
+from shardline.stage_worker.staging import HostStep, PinnedStaging
+
+
+def test_layout_round_trips_a_step_and_pads_the_rest():
+    step = HostStep(positions=[5, 17, 2], slots=[37, 81, 2], tables=[[4, 2], [9, 3, 5], [0]],
+                    seq_lens=[6, 18, 3], max_query_len=1, max_seq_len=18)
+    b, ctx, block_size = 4, 40, 8
+    layout = StepLayout(b, -(-ctx // block_size))
+    staging = PinnedStaging(layout.numel, torch.device("cpu"))
+    buffer = torch.full((layout.numel + 7,), 99, dtype=torch.int64)
+    slot, buf = staging.slot()
+    buf[:] = 12345  # stale contents of a reused slot must not leak into the step
+    layout.fill(buf, step, np.array([11, 12, 13]))
+    staging.upload(slot, layout.numel, buffer)
+    ids, meta = layout.views(buffer, torch.arange(b + 1, dtype=torch.int32), torch.arange(b), ctx)
+    assert ids.tolist() == [11, 12, 13, 0]
+    assert meta.positions.tolist() == [5, 17, 2, 0]
+    assert meta.slot_mapping.tolist() == [37, 81, 2, -1]  # padding rows write nowhere
+    assert meta.seq_lens.dtype == torch.int32 and meta.seq_lens.tolist() == [6, 18, 3, 1]
+    assert meta.block_tables.dtype == torch.int32 and meta.block_tables.shape == (4, 5)
+    tables = meta.block_tables.tolist()
+    assert tables[0][:2] == [4, 2] and tables[1][:3] == [9, 3, 5] and tables[2][:1] == [0]
+    assert tables[3][0] == 0  # a padding row reads block 0
+    assert buffer[layout.numel:].tolist() == [99] * 7  # nothing written past the layout
+
+
+def test_layouts_of_different_graphs_share_one_buffer_without_overlap():
+    small, big = StepLayout(1, 16), StepLayout(256, 4096)
+    assert small.numel == 3 + 1 + 8 and big.numel == 3 * 256 + 128 + 256 * 4096 // 2
+    assert big.tables_at >= big.seq_lens_at + 128
+
+
+def test_to_device_copies_values_and_grows_past_its_slot():
+    staging = PinnedStaging(4, torch.device("cpu"))
+    assert staging.to_device([3, 1, 2]).tolist() == [3, 1, 2]
+    assert staging.to_device(list(range(10))).tolist() == list(range(10))  # larger than a slot
+    first, second = staging.to_device([7]), staging.to_device([8])
+    assert first.tolist() == [7] and second.tolist() == [8]  # each call has its own result
