@@ -104,6 +104,7 @@ def graph_replay_ms(pipeline: LocalPipeline, batch: int, context: int = 256) -> 
     if key not in (graphs.graphs if graphs else {}):
         return None
     graph, _ = graphs.graphs[key]
+    graphs.load_padding(*key)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     graph.replay()
     start.record()

@@ -11,6 +11,10 @@ kernel, so each program starts loading its first tile, then waits for the previo
 (`gdc_wait`) before reading x. Launched with PDL, the kernel's programs are already resident and
 streaming while the previous kernel drains, which hides most of the gap at each boundary.
 
+RMSNorm is folded in with one pass over x: the products use norm_weight * (x + residual), the sum
+of squares runs beside them, and the row's 1/rms multiplies the finished sums (the unfused norm
+rounds the normed input to bf16 first; here it stays fp32, within the same tolerance).
+
 int8 weights are widened with the float trick: 0x4B000000 | (q + 128), read as fp32, is
 2^23 + 128 + q exactly; subtracting 2^23 + 128 leaves q. That is integer and fp32 arithmetic only,
 which runs at several times the rate of the int -> float conversion instruction.
@@ -25,32 +29,30 @@ import triton.language as tl
 from ._dispatch import next_pow2, pdl_args
 from .triton_pdl import pdl_wait
 
-_MAGIC = 0x4B000080  # bits of 2^23 + 128
-_MAGIC_F = 8388736.0  # 2^23 + 128
-
-
 @triton.jit
 def _widen(w, INT8: tl.constexpr):
-    if INT8:
-        return (w.to(tl.int32) + _MAGIC).to(tl.float32, bitcast=True) - _MAGIC_F
+    if INT8:  # 0x4B000080 is the bit pattern of 2^23 + 128 = 8388736.0
+        return (w.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
     return w.to(tl.float32)
 
 
 @triton.jit
-def _x_tile(x_ptr, res_ptr, norm_ptr, offs_m, kk, M, K, stride_x, stride_res, rstd,
+def _x_tile(x_ptr, res_ptr, norm_ptr, res_out_ptr, offs_m, kk, M, K, stride_x, stride_res, write_res,
             NORM: tl.constexpr, HAS_RES: tl.constexpr):
-    """fp32 [BLOCK_M, BLOCK_K] of the product's input: x, or RMSNorm(x + residual) rounded as
-    the unfused norm kernel rounds it."""
+    """(fp32 [BLOCK_M, BLOCK_K] tile of the product's input, its raw rows for the norm's sum of
+    squares): x, or norm_weight * (x + residual) with the 1/rms factor left for the epilogue."""
     mask = (offs_m[:, None] < M) & (kk[None, :] < K)
     x = tl.load(x_ptr + offs_m[:, None] * stride_x + kk[None, :], mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(res_ptr + offs_m[:, None] * stride_res + kk[None, :], mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded like the unfused add
+        if write_res:  # the new residual stream, written by one program
+            tl.store(res_out_ptr + offs_m[:, None] * K + kk[None, :], x, mask=mask)
+    xf = x.to(tl.float32)
     if NORM:
-        if HAS_RES:
-            r = tl.load(res_ptr + offs_m[:, None] * stride_res + kk[None, :], mask=mask, other=0.0)
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-        nw = tl.load(norm_ptr + kk, mask=kk < K, other=0.0)
-        normed = (x.to(tl.float32) * rstd[:, None]).to(x.dtype)
-        return (nw[None, :].to(tl.float32) * normed.to(tl.float32)).to(x.dtype).to(tl.float32)
-    return x.to(tl.float32)
+        nw = tl.load(norm_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+        return nw[None, :] * xf, xf
+    return xf, xf
 
 
 @triton.jit
@@ -72,25 +74,9 @@ def _gemv_kernel(x_ptr, res_ptr, norm_ptr, res_out_ptr, w_ptr, scale_ptr, bias_p
         w2 = tl.load(w_rows + N * stride_w + offs_k[None, :], mask=w_mask, other=0)
     pdl_wait(USE_PDL)
 
-    rstd = tl.zeros([BLOCK_M], tl.float32)
-    if NORM:
-        m_mask = offs_m < M
-        ss = tl.zeros([BLOCK_M], tl.float32)
-        for i in range(0, tl.cdiv(K, BLOCK_K)):
-            kk = i * BLOCK_K + offs_k
-            mask = m_mask[:, None] & (kk[None, :] < K)
-            h = tl.load(x_ptr + offs_m[:, None] * stride_x + kk[None, :], mask=mask, other=0.0)
-            if HAS_RES:
-                r = tl.load(res_ptr + offs_m[:, None] * stride_res + kk[None, :], mask=mask, other=0.0)
-                h = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
-                if pid == 0:  # the new residual stream, written once
-                    tl.store(res_out_ptr + offs_m[:, None] * K + kk[None, :], h, mask=mask)
-            hf = h.to(tl.float32)
-            ss += tl.sum(hf * hf, axis=1)
-        rstd = 1.0 / tl.sqrt(ss / K + eps)
-
     acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+    sum_sq = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
     for i in range(0, tl.cdiv(K, BLOCK_K)):
         # Issue the next tile's loads, then compute on this one.
         k0 = i * BLOCK_K
@@ -99,7 +85,10 @@ def _gemv_kernel(x_ptr, res_ptr, norm_ptr, res_out_ptr, w_ptr, scale_ptr, bias_p
         w_next = tl.load(w_rows + kn[None, :], mask=next_mask, other=0)
         if GLU:
             w2_next = tl.load(w_rows + N * stride_w + kn[None, :], mask=next_mask, other=0)
-        x = _x_tile(x_ptr, res_ptr, norm_ptr, offs_m, k0 + offs_k, M, K, stride_x, stride_res, rstd, NORM, HAS_RES)
+        x, raw = _x_tile(x_ptr, res_ptr, norm_ptr, res_out_ptr, offs_m, k0 + offs_k, M, K, stride_x,
+                         stride_res, pid == 0, NORM, HAS_RES)
+        if NORM:
+            sum_sq += raw * raw
         acc += x[:, None, :] * _widen(w, INT8)[None, :, :]
         w = w_next
         if GLU:
@@ -107,13 +96,17 @@ def _gemv_kernel(x_ptr, res_ptr, norm_ptr, res_out_ptr, w_ptr, scale_ptr, bias_p
             w2 = w2_next
 
     y = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]
+    rstd = tl.full([BLOCK_M], 1.0, tl.float32)
+    if NORM:  # RMSNorm's 1/rms is one factor per row: applied to the sums, not to every input
+        rstd = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=1) / K + eps)
+        y *= rstd[:, None]
     if HAS_SCALE:
         y *= tl.load(scale_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
         y += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     out_ty = out_ptr.dtype.element_ty
     if GLU:  # silu(gate) * up, each rounded where the unfused kernels round
-        up = tl.sum(acc2, axis=2)
+        up = tl.sum(acc2, axis=2) * rstd[:, None]
         if HAS_SCALE:
             up *= tl.load(scale_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         if HAS_BIAS:

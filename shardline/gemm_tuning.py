@@ -140,18 +140,23 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
             if gemv.fits(x, w) and name in GEMV_FUSION:
                 run_gemv = _gemv_runner(x, ws, scale, *GEMV_FUSION[name])
                 candidates += [("gemv", cfg, lambda i, c=cfg: run_gemv(i, c)) for cfg in GEMV_CONFIGS]
+            gemv_best = None
             for impl, cfg, fn in candidates:
                 try:
                     us = _time_graph_us(fn, copies)
                 except Exception as e:  # noqa: BLE001 - a config that does not compile is not a candidate
-                    log.debug("%s config %s failed: %s", impl, cfg, e)
+                    log.warning("%s config %s failed: %s", impl, cfg, str(e).splitlines()[0] if str(e) else e)
                     continue
+                if impl == "gemv":
+                    gemv_best = us if gemv_best is None else min(gemv_best, us)
                 if us < best["us"]:
                     best = {"impl": impl, "config": cfg, "us": us}
             best["cublas_us"] = cublas_us
+            best["gemv_us"] = gemv_best
             table.entries.setdefault(key(n, k, w.dtype, x_dtype), {})[m] = best
             row = {"name": name, "N": n, "K": k, "M": m, "w": str(w.dtype).removeprefix("torch."),
                    "default_us": round(cublas_us, 2), "best_us": round(best["us"], 2), "impl": best["impl"],
+                   "gemv_us": gemv_best and round(gemv_best, 2),
                    "gain": round(cublas_us / best["us"], 3)}
             report.append(row)
             print(json.dumps(row), flush=True)

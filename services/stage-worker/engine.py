@@ -29,7 +29,7 @@ from shardline.stage_worker.batch import StageBatch
 from shardline.stage_worker.block_manager import BlockManager, OutOfBlocks
 from shardline.stage_worker.cuda_graphs import CudaGraphRunner
 from shardline.stage_worker.kv_cache import KVCache, plan_num_blocks
-from shardline.stage_worker.staging import HostStep
+from shardline.stage_worker.staging import DeferredTokens, HostStep, TokenReadback
 from shardline.wire import DTYPE_NAMES, DTYPES_BY_NAME, MODEL_DTYPES
 
 CPU_DEFAULT_KV_BYTES = 256 << 20
@@ -99,6 +99,7 @@ class StageEngine:
         if self.device.type == "cuda" and config.use_cuda_graphs and not TRITON_DISABLED:
             self.graphs = CudaGraphRunner(self.model, self.kv_layers, config.max_num_seqs, self.max_model_len,
                                           config.block_size)
+        self.readback = TokenReadback(config.max_num_seqs, self.device)
         self.num_steps = 0
         self.num_tokens = 0
         self.busy_seconds = 0.0
@@ -114,10 +115,11 @@ class StageEngine:
 
     # -- the step ---------------------------------------------------------------------------------
 
-    def step(self, batch: StageBatch, inputs: torch.Tensor, defer_tokens: bool = False) -> torch.Tensor | list[int]:
+    def step(self, batch: StageBatch, inputs: torch.Tensor,
+             defer_tokens: bool = False) -> torch.Tensor | list[int] | DeferredTokens:
         """Driver only: send the step to the followers, then run it here too.
 
-        `defer_tokens` (last stage): return the sampled ids as a device tensor without waiting for
+        `defer_tokens` (last stage): return the sampled ids as DeferredTokens without waiting for
         them, so the caller can launch the next step first (overlap.py)."""
         if self.tp.size > 1:
             self.tp.broadcast_json({"op": "step", "stage": self.stage, "batch": batch.to_dict(),
@@ -133,7 +135,8 @@ class StageEngine:
             self.block_manager.free(rid)
 
     @torch.inference_mode()
-    def execute(self, batch: StageBatch, inputs: torch.Tensor, defer_tokens: bool = False) -> torch.Tensor | list[int]:
+    def execute(self, batch: StageBatch, inputs: torch.Tensor,
+                defer_tokens: bool = False) -> torch.Tensor | list[int] | DeferredTokens:
         """Run one step on this rank. Raises OutOfBlocks/ConfigError before touching the cache."""
         started = time.perf_counter()
         for rid in batch.free_request_ids:
@@ -151,8 +154,7 @@ class StageEngine:
             sampled = batch.sampled
             positions = torch.tensor([c.start_position + c.num_tokens for c in sampled])
             out = sample(out, [c.sampling for c in sampled], positions) if sampled else torch.empty(0, dtype=torch.int64)
-            if not defer_tokens:
-                out = out.tolist()
+            out = self.readback.start(out) if defer_tokens else out.tolist()
         elif self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         self.num_steps += 1

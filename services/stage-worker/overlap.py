@@ -8,19 +8,20 @@ the host reads step N's tokens while the GPU runs step N+1.
 
 For an engine that is both first and last stage (PP = 1) with `EngineConfig.overlap_decode`;
 the scheduler must have `lookahead=1`. With PP > 1 the micro-batches in flight already keep every
-stage busy. Every host -> device copy on this path goes through pinned staging (staging.py): a
-pageable copy would wait for step N and undo the overlap.
+stage busy. Nothing on this path may wait for the device except the read of step N's tokens,
+and that read must wait for step N alone (staging.py): host -> device copies go through pinned
+staging (a pageable copy waits for the queued steps), and step N's tokens are copied to pinned
+memory as soon as they are sampled (a later `.tolist()` would queue behind step N+1).
 """
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from shardline.stage_worker.batch import StageBatch
 from shardline.stage_worker.engine import StageEngine
 from shardline.stage_worker.scheduler import Scheduler
-from shardline.stage_worker.staging import PinnedStaging
+from shardline.stage_worker.staging import DeferredTokens, PinnedStaging
 
 
 def wants_overlap(engine: StageEngine) -> bool:
@@ -31,7 +32,7 @@ class OverlappedStepper:
     def __init__(self, engine: StageEngine, scheduler: Scheduler) -> None:
         assert engine.is_first and engine.is_last, "overlap needs the whole model in one stage"
         self.engine, self.scheduler = engine, scheduler
-        self._launched: tuple[StageBatch, torch.Tensor] | None = None
+        self._launched: tuple[StageBatch, DeferredTokens] | None = None
         c = engine.config
         self.staging = PinnedStaging(c.max_num_batched_tokens + 2 * c.max_num_seqs, engine.device)
 
@@ -51,7 +52,7 @@ class OverlappedStepper:
                 n, p = len(ids), len(pending)
                 staged = self.staging.to_device(np.concatenate([
                     ids.numpy(), [r for r, _ in pending], [index[rid] for _, rid in pending]]))
-                inputs = staged[:n].index_copy_(0, staged[n:n + p], prev_tokens[staged[n + p:]])
+                inputs = staged[:n].index_copy_(0, staged[n:n + p], prev_tokens.ids[staged[n + p:]])
             launched = (batch, self.engine.step(batch, inputs, defer_tokens=True))
         done, self._launched = self._launched, launched
         if done is None:

@@ -83,3 +83,43 @@ class HostStep:
             max_query_len=self.max_query_len,
             max_seq_len=self.max_seq_len,
         )
+
+
+@dataclass
+class DeferredTokens:
+    """A step's sampled ids: on the device at once (`ids`, which the next step's inputs gather),
+    on the host after `tolist()`, which waits for this step only."""
+
+    ids: torch.Tensor
+    host: torch.Tensor | None = None
+    event: torch.cuda.Event | None = None
+
+    def tolist(self) -> list[int]:
+        if self.event is None:
+            return self.ids.tolist()
+        self.event.synchronize()
+        return self.host.tolist()
+
+
+class TokenReadback:
+    """Copies each step's sampled ids to pinned host memory right after the sampler, before the
+    next step is queued. A plain `ids.tolist()` made later would wait behind that next step as
+    well (a device-to-host copy waits for everything queued on the stream before it), which
+    serialises overlapped decode again."""
+
+    def __init__(self, capacity: int, device: torch.device, slots: int = 4) -> None:
+        self.on_gpu = device.type == "cuda"
+        self.host = torch.zeros(slots, capacity, dtype=torch.int64, pin_memory=self.on_gpu)
+        self.events = [torch.cuda.Event() if self.on_gpu else None for _ in range(slots)]
+        self._next = 0
+
+    def start(self, ids: torch.Tensor) -> DeferredTokens:
+        if not self.on_gpu or ids.numel() > self.host.shape[1]:
+            return DeferredTokens(ids)
+        i = self._next
+        self._next = (i + 1) % len(self.events)
+        self.events[i].synchronize()  # read long ago (slots > steps in flight); never waits in practice
+        host = self.host[i, :ids.numel()]
+        host.copy_(ids, non_blocking=True)
+        self.events[i].record()
+        return DeferredTokens(ids, host, self.events[i])
