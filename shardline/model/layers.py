@@ -28,11 +28,12 @@ class Linear:
         return self.gemms.choice(n, k, self.weight.dtype, x.dtype, x.shape[0])
 
     def uses_gemv(self, x: torch.Tensor) -> bool:
-        """A few rows (decode) run the GEMV kernel, unless `tune-gemm` found another faster."""
+        """A few rows (decode) run the GEMV kernel where `tune-gemm` measured it fastest on this
+        GPU; by default they run cuBLAS (the GEMV loses to it at most shapes, docs/benchmarks.md)."""
         if not gemv.fits(x, self.weight):
             return False
         choice = self._choice(x)
-        return choice is None or choice["impl"] == "gemv"
+        return choice is not None and choice["impl"] == "gemv"
 
     def __call__(self, x: torch.Tensor, add_bias: bool = True) -> torch.Tensor:
         bias = self.bias if add_bias else None

@@ -82,9 +82,10 @@ def test_decode_layers_fused_equal_unfused(device, int8, monkeypatch):
     """A Llama stage's decode step through the fused GEMVs (norms and SwiGLU folded in, residual
     carried by the kernels) gives the logits of the unfused kernels."""
     from shardline.config import ModelConfig
+    from shardline.gemm_tuning import GemmTable, key
     from shardline.kernels import gemv
     from shardline.model.random_weights import LLAMA_SMALL, random_manifest, random_stage_weights
-    from shardline.model.transformer import StageModel, StepMetadata
+    from shardline.model.transformer import DecoderLayer, StageModel, StepMetadata
     from shardline.parallel import single_rank
 
     cfg = ModelConfig(**LLAMA_SMALL)
@@ -92,6 +93,10 @@ def test_decode_layers_fused_equal_unfused(device, int8, monkeypatch):
     weights = random_stage_weights(manifest, 0, 0, device)
     model = StageModel(cfg, single_rank(), weights, 0, cfg.num_layers, True, True)
     assert all(layer.fuse_decode for layer in model.layers)
+    # The GEMV runs where tune-gemm chose it: here, a table that chooses it for every linear.
+    table = GemmTable("test", {key(*lin.weight.shape, lin.weight.dtype, torch.float16): {4: {"impl": "gemv", "config": None}}
+                               for lin in model.linears()})
+    model.configure_gemms(table)
     block, nkv, hd = 16, cfg.num_kv_heads, cfg.head_dim
     caches = [(torch.zeros(8, block, nkv, hd, dtype=torch.float16, device=device),
                torch.zeros(8, block, nkv, hd, dtype=torch.float16, device=device)) for _ in model.layers]
@@ -108,7 +113,12 @@ def test_decode_layers_fused_equal_unfused(device, int8, monkeypatch):
                         torch.tensor([21, 21], **i32), torch.tensor([0, 1, 2], **i32),
                         torch.tensor([0, 1], device=device), max_query_len=1, max_seq_len=21)
     new_ids = torch.randint(0, cfg.vocab_size, (2,), device=device)
+    fused_layers = []
+    decode = DecoderLayer._decode
+    monkeypatch.setattr(DecoderLayer, "_decode", lambda self, *a: fused_layers.append(self) or decode(self, *a))
     fused = model.forward(new_ids, step, caches)
+    assert len(fused_layers) == cfg.num_layers, "the decode step did not take the fused path"
+    monkeypatch.undo()
     monkeypatch.setattr(gemv, "GEMV_MAX_M", 0)  # every linear takes the unfused path
     unfused = model.forward(new_ids, step, caches)
     assert_close(fused, unfused, "fused decode logits", tol=2e-2 if int8 else 2e-3)
