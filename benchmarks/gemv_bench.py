@@ -48,12 +48,16 @@ def unfused(layers: list[dict], h: torch.Tensor, res: torch.Tensor) -> torch.Ten
     return h
 
 
+CONFIG: dict | None = None  # --config; None: the kernel's default tiles
+
+
 def fused(layers: list[dict], h: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+    c = CONFIG
     for L in layers:
-        qkv, res = gemv.fused_linear(h, *L["qkv"], None, L["n1"], res, 1e-5)
-        attn, _ = gemv.fused_linear(qkv[:, :4096].contiguous(), *L["o"])
-        act, res = gemv.fused_linear(attn, *L["up"], None, L["n2"], res, 1e-5, glu=True)
-        h, _ = gemv.fused_linear(act, *L["down"])
+        qkv, res = gemv.fused_linear(h, *L["qkv"], None, L["n1"], res, 1e-5, config=c)
+        attn, _ = gemv.fused_linear(qkv[:, :4096].contiguous(), *L["o"], config=c)
+        act, res = gemv.fused_linear(attn, *L["up"], None, L["n2"], res, 1e-5, glu=True, config=c)
+        h, _ = gemv.fused_linear(act, *L["down"], config=c)
     return h
 
 
@@ -79,7 +83,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--int8", action="store_true")
+    ap.add_argument("--config", type=json.loads, help='GEMV tiles, e.g. \'{"BLOCK_N": 8, "BLOCK_K": 1024, "num_warps": 4}\'')
     args = ap.parse_args()
+    global CONFIG
+    CONFIG = args.config
     layers = make_layers(args.layers, args.int8)
     nbytes = sum(t.numel() * t.element_size() for L in layers for k in ("qkv", "o", "up", "down")
                  for t in L[k] if t is not None)

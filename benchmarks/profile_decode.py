@@ -21,6 +21,27 @@ from shardline.sampling import SamplingParams
 from shardline.stage_worker.batch import SequenceChunk, StageBatch
 
 
+def print_gpu_idle(prof, steps: int) -> None:
+    """How much of the profiled wall time the GPU spent idle: merged device-activity intervals
+    against the span from the first to the last one, per decode step."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
+    if not spans:
+        print("no device activity recorded")
+        return
+    busy, (cur_s, cur_e) = 0.0, spans[0]
+    for s, e in spans[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    wall = spans[-1][1] - spans[0][0]
+    print(f"device busy {busy / 1e3:.2f} ms of {wall / 1e3:.2f} ms ({busy / wall:.0%}); "
+          f"per step ~{wall / steps / 1e3:.3f} ms wall, {(wall - busy) / steps / 1e3:.3f} ms idle")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=1)
@@ -32,11 +53,13 @@ def main() -> None:
     pipeline = build("llama3-8b", int8=args.int8, max_num_seqs=max(args.batch, 16))
     if args.generate:
         prompts = torch.randint(0, 1000, (args.batch, 128)).tolist()
-        pipeline.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))  # compile, capture
+        pipeline.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))  # compile, capture
+        pipeline.generate(prompts, SamplingParams(max_tokens=1, ignore_eos=True))
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            pipeline.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
+            pipeline.generate(prompts, SamplingParams(max_tokens=33, ignore_eos=True))
         prof.export_chrome_trace(args.trace)
-        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=args.rows, max_name_column_width=70))
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=70))
+        print_gpu_idle(prof, steps=32)
         return
     engine = pipeline.engines[0]
     engine.graphs = None  # eager: see every kernel

@@ -1,4 +1,4 @@
-"""Decode linears: y = x @ W.T for a few rows (M <= GEMV_MAX_M), with what surrounds them fused.
+"""Decode linears at batch 1: y = x @ W.T for one row, with what surrounds it fused.
 
 A decode step at batch 1 is ~130 weight streams (four per layer, plus the head), each a few
 microseconds long; the kernels between them (norms, the activation) and the gaps at each kernel
@@ -21,7 +21,7 @@ import torch
 from . import activation, norm, quant
 from ._dispatch import use_triton
 
-GEMV_MAX_M = 4
+GEMV_MAX_M = 1
 
 
 def _unfused(x, weight, scale, bias, norm_weight, residual, eps, glu, rms_norm, int8_linear, silu_and_mul):

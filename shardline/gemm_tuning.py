@@ -5,7 +5,7 @@ GPU, keep the fastest, and let the stage worker load the choice.
     python -m shardline.stage_worker ... --gemm-config gemm-h200.json
 
 Candidates per (N, K, weight dtype, batch rows M): cuBLAS (torch's F.linear, or int8 dequantise +
-cuBLAS), the split-K small-M Triton kernel (kernels/triton_quant.py) and, for M <= 4, the decode
+cuBLAS), the split-K small-M Triton kernel (kernels/triton_quant.py) and, for M = 1, the decode
 GEMV (kernels/triton_gemv.py) in the fused form the engine runs it (RMSNorm before qkv, the head
 and gate/up; SwiGLU after gate/up), each at a few tile configurations, each timed as CUDA-graph
 replays (as the engine runs decode). The file is keyed by
@@ -31,9 +31,10 @@ from shardline.config import ModelConfig
 log = logging.getLogger("shardline.gemm_tuning")
 TRITON_CONFIGS = [dict(BLOCK_N=bn, BLOCK_K=128, SPLIT_K=sk, num_warps=4, num_stages=4)
                   for bn in (32, 64, 128) for sk in (1, 2, 4, 8)]
-# GEMV tiles: accumulators of BLOCK_N x BLOCK_K fp32 up to 64 per thread.
-GEMV_CONFIGS = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w) for w in (4, 8) for bn in (4, 8, 16, 32)
-                for bk in (256, 512, 1024) if bn * bk <= 64 * 32 * w]
+# GEMV tiles (batch 1): 32 or 64 weight elements per thread per tile (gate/up loads two tiles).
+GEMV_CONFIGS = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st) for bn, bk, w, st in (
+    (4, 1024, 4, 1), (8, 512, 4, 1), (8, 1024, 4, 1), (16, 512, 4, 1), (4, 2048, 4, 1),
+    (8, 2048, 8, 1), (16, 1024, 8, 1), (32, 512, 8, 1), (8, 1024, 4, 3), (16, 512, 4, 3))]
 # How the engine runs each linear through the GEMV: (RMSNorm fused before, SwiGLU fused after).
 GEMV_FUSION = {"qkv_proj": (True, False), "o_proj": (False, False), "up_proj": (True, True),
                "down_proj": (False, False), "lm_head": (True, False)}

@@ -61,7 +61,7 @@ class CudaGraphRunner:
         layout = self._layout(b, ctx)
         ids, meta = layout.views(self.buffer, self.query_start_loc, self.sample_rows, ctx)
         inputs = ids if self.model.is_first else self.hidden[:b]
-        self.load_padding(b, ctx)
+        self.load(b, ctx)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -75,13 +75,14 @@ class CudaGraphRunner:
             self.pool = graph.pool()
         return graph, out
 
-    def load_padding(self, b: int, ctx: int) -> None:
-        """Fill graph (b, ctx)'s inputs with b padding rows (context 1 in block 0, writing nowhere):
-        what a graph is warmed up on, and what a benchmark replays it on. Graphs lay their inputs
-        out differently in the shared buffer, so replaying one on another's step reads garbage."""
+    def load(self, b: int, ctx: int, step: HostStep | None = None) -> None:
+        """Fill graph (b, ctx)'s inputs with `step`, or with b padding rows (context 1 in block 0,
+        writing nowhere): what a graph is warmed up on, and what a benchmark replays it on. Graphs
+        lay their inputs out differently in the shared buffer, so one replayed on another's step
+        would read garbage."""
         layout = self._layout(b, ctx)
         slot, buf = self.staging.slot()
-        layout.fill(buf, HostStep())
+        layout.fill(buf, step or HostStep())
         self.staging.upload(slot, layout.numel, self.buffer)
 
     def run(self, inputs: torch.Tensor, step: HostStep) -> torch.Tensor | None:

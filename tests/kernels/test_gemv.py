@@ -22,19 +22,19 @@ def test_reference_is_the_unfused_path():
     torch.testing.assert_close(y, torch.nn.functional.silu(gate) * up)
 
 
-def test_fp32_and_large_batches_take_the_unfused_path():
+def test_fp32_and_batches_above_one_take_the_unfused_path():
     w = torch.randn(16, 32)
     assert not fits(torch.randn(1, 32), w)  # fp32 (and no GPU here)
-    assert not fits(torch.randn(5, 32, dtype=torch.bfloat16), w.bfloat16())
+    assert not fits(torch.randn(2, 32, dtype=torch.bfloat16), w.bfloat16())
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 3, 4])
 @pytest.mark.parametrize("N,K", [(40, 96), (200, 300), (1000, 1100)])
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 @pytest.mark.parametrize("fuse", ["plain", "norm", "norm_res", "norm_res_glu", "glu_bias"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_gemv_matches_the_unfused_path(device, M, N, K, int8, fuse, dtype):
+def test_gemv_matches_the_unfused_path(device, N, K, int8, fuse, dtype):
+    M = 1
     if device == "cpu" and dtype == torch.bfloat16:
         pytest.skip("interpreted, bf16 conversions truncate (the errors add up coherently); fp16 runs")
     x = torch.randn(M, K, device=device, dtype=dtype)
@@ -63,16 +63,16 @@ def test_gemv_matches_the_unfused_path(device, M, N, K, int8, fuse, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_n,block_k", [(4, 128), (8, 1024), (32, 64)])
-def test_gemv_tile_configs(device, block_n, block_k):
+@pytest.mark.parametrize("block_n,block_k,stages", [(4, 128, 1), (8, 1024, 3), (32, 64, 2)])
+def test_gemv_tile_configs(device, block_n, block_k, stages):
     from shardline.kernels.triton_gemv import fused_linear_triton
     if not _dispatch.use_triton(torch.empty(0, device=device)):
         pytest.skip("the Triton kernel itself is under test")
-    x = torch.randn(2, 520, device=device, dtype=torch.float16)
+    x = torch.randn(1, 520, device=device, dtype=torch.float16)
     w = torch.randn(300, 520, device=device, dtype=torch.float16) * 0.05
     nw = torch.rand(520, device=device, dtype=torch.float16) + 0.5
     y, _ = fused_linear_triton(x, w, None, None, nw, None, 1e-6, True,
-                               dict(BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4))
+                               dict(BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=stages))
     assert_close(y, fused_linear_ref(x, w, norm_weight=nw, glu=True)[0], "gemv config")
 
 
@@ -101,7 +101,7 @@ def test_decode_layers_fused_equal_unfused(device, int8, monkeypatch):
     caches = [(torch.zeros(8, block, nkv, hd, dtype=torch.float16, device=device),
                torch.zeros(8, block, nkv, hd, dtype=torch.float16, device=device)) for _ in model.layers]
     i32 = dict(dtype=torch.int32, device=device)
-    # Prefill 2 sequences of 20 tokens (blocks 0-1 and 2-3), then decode one token each.
+    # Prefill 2 sequences of 20 tokens (blocks 0-1 and 2-3).
     ids = torch.randint(0, cfg.vocab_size, (40,), device=device)
     pos = torch.cat([torch.arange(20), torch.arange(20)]).to(device)
     slots = torch.cat([torch.arange(20), 32 + torch.arange(20)]).to(device)
@@ -109,10 +109,11 @@ def test_decode_layers_fused_equal_unfused(device, int8, monkeypatch):
     prefill = StepMetadata(pos, slots, tables, torch.tensor([20, 20], **i32), torch.tensor([0, 20, 40], **i32),
                            torch.tensor([19, 39], device=device), max_query_len=20, max_seq_len=20)
     model.forward(ids, prefill, caches)
-    step = StepMetadata(torch.tensor([20, 20], device=device), torch.tensor([20, 52], device=device), tables,
-                        torch.tensor([21, 21], **i32), torch.tensor([0, 1, 2], **i32),
-                        torch.tensor([0, 1], device=device), max_query_len=1, max_seq_len=21)
-    new_ids = torch.randint(0, cfg.vocab_size, (2,), device=device)
+    # Decode the first sequence's next token: one row, what the GEMV takes.
+    step = StepMetadata(torch.tensor([20], device=device), torch.tensor([20], device=device), tables[:1],
+                        torch.tensor([21], **i32), torch.tensor([0, 1], **i32),
+                        torch.tensor([0], device=device), max_query_len=1, max_seq_len=21)
+    new_ids = torch.randint(0, cfg.vocab_size, (1,), device=device)
     fused_layers = []
     decode = DecoderLayer._decode
     monkeypatch.setattr(DecoderLayer, "_decode", lambda self, *a: fused_layers.append(self) or decode(self, *a))
