@@ -5,7 +5,7 @@
 Measures, on random bf16 weights of real model shapes (128-token prompts, 128 new tokens, the
 method of ../shared/peers/hf_decode.py: decode ms/step = (t(128 new) - t(1 new)) / 127):
   - shardline engine (Triton kernels + CUDA graphs), Llama-3-8B shape, each batch size
-  - shardline int8 weight-only, batch 1; GPT-J-6B (KoGPT shape), batch 1
+  - shardline int8 and fp8 weight-only, batch 1; GPT-J-6B (KoGPT shape), batch 1
   - prefill of one 2,048-token prompt, as TFLOP/s of the linear layers against the GEMM ceiling
   - the ceilings (copy bandwidth, bf16 GEMM rate) and the roofline (weights / bandwidth)
   - peers, when --peers DIR holds them (a git-ignored folder; never committed): HF transformers
@@ -41,10 +41,10 @@ GEMM_CONFIG: str | None = None  # --gemm-config
 OVERLAP: bool | None = None  # --overlap / --no-overlap (None: EngineConfig's default)
 
 
-def build(shape: str, dtype: str = "bf16", int8: bool = False, max_num_seqs: int = 256,
+def build(shape: str, dtype: str = "bf16", quantization: str = "none", max_num_seqs: int = 256,
           kv_bytes: int = 24 << 30, max_model_len: int = 4096, device: str = "cuda") -> LocalPipeline:
     cfg = ModelConfig(**SHAPES[shape])
-    manifest = random_manifest(cfg, dtype, int8=int8)
+    manifest = random_manifest(cfg, dtype, quantization=quantization)
     config = EngineConfig(device=device, kv_cache_bytes=kv_bytes, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=8192, max_model_len=max_model_len, verify_checksums=False,
                           gemm_config=GEMM_CONFIG,
@@ -144,7 +144,7 @@ def main() -> None:
     ap.add_argument("--peers", help="folder with ceilings.py, hf_decode.py and gpt-fast/ (git-ignored)")
     ap.add_argument("--hf-batches", default="1,16,64")
     ap.add_argument("--gptfast-batches", default="1")
-    ap.add_argument("--skip", default="", help="comma list of: int8,gptj,prefill")
+    ap.add_argument("--skip", default="", help="comma list of: int8,fp8,gptj,prefill")
     ap.add_argument("--gemm-config", help="use `shardline tune-gemm` choices (and report the gain)")
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                     help="launch step N+1 before reading step N's tokens (default: the engine's)")
@@ -188,9 +188,11 @@ def main() -> None:
         res["prefill_2048"] = {"ms": round(ms, 2), "linear_TFLOPs": round(tf, 1)}
     del pipeline
     torch.cuda.empty_cache()
-    if "int8" not in skip:
-        pipeline = build("llama3-8b", int8=True, max_num_seqs=16)
-        res["int8_b1_ms"] = round(decode_ms_per_step(pipeline, 1), 3)
+    for q in ("int8", "fp8"):
+        if q in skip:
+            continue
+        pipeline = build("llama3-8b", quantization=f"{q}-weight-only", max_num_seqs=16)
+        res[f"{q}_b1_ms"] = round(decode_ms_per_step(pipeline, 1), 3)
         del pipeline
         torch.cuda.empty_cache()
     if "gptj" not in skip:
@@ -221,8 +223,9 @@ def print_table(res: dict, weight_bytes: int) -> None:
               f"{g or float('nan'):>11.2f} {(g / ms) if g else float('nan'):>5.2f}")
     if "kv_2k_sequences_at_0.9_memory" in res:
         print(f"KV capacity for Llama-3-8B alone on this GPU: {res['kv_2k_sequences_at_0.9_memory']} sequences of 2,048 tokens")
-    if "int8_b1_ms" in res:
-        print(f"int8 weight-only batch 1: {res['int8_b1_ms']} ms/step")
+    for q in ("int8", "fp8"):
+        if f"{q}_b1_ms" in res:
+            print(f"{q} weight-only batch 1: {res[f'{q}_b1_ms']} ms/step")
     if "gptj_b1_ms" in res:
         hj = (res.get("hf_gptj") or [{}])[0].get("decode_ms_per_step")
         ratio = f"  HF eager {hj} ms -> {hj / res['gptj_b1_ms']:.1f}x" if hj else ""

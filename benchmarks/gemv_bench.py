@@ -2,7 +2,7 @@
 weight stream gets to the copy bandwidth, unfused (cuBLAS + norm and activation kernels) against
 the fused GEMV (kernels/gemv.py), with and without programmatic dependent launch.
 
-    python benchmarks/gemv_bench.py [--layers 32] [--int8]
+    python benchmarks/gemv_bench.py [--layers 32] [--quant int8|fp8]
 
 Per layer: RMSNorm -> qkv, o, RMSNorm -> gate/up -> SwiGLU -> down (attention left out: it
 reads no weights). Each variant is captured once and replayed; the table gives ms per stack,
@@ -20,14 +20,14 @@ import torch.nn.functional as F
 from shardline.kernels import _dispatch, activation, gemv, norm, quant
 
 
-def make_layers(n: int, int8: bool, device: str = "cuda") -> list[dict]:
+def make_layers(n: int, quantization: str, device: str = "cuda") -> list[dict]:
     H, I, QKV = 4096, 14336, 6144
     layers = []
     for _ in range(n):
         layer = {}
         for name, shape in (("qkv", (QKV, H)), ("o", (H, H)), ("up", (2 * I, H)), ("down", (H, I))):
             w = torch.randn(shape, device=device, dtype=torch.bfloat16) * 0.02
-            layer[name] = quant.quantize_int8_ref(w) if int8 else (w, None)
+            layer[name] = quant.WEIGHT_ONLY[quantization][1](w) if quantization in quant.WEIGHT_ONLY else (w, None)
         layer["n1"] = torch.ones(H, device=device, dtype=torch.bfloat16)
         layer["n2"] = torch.ones(H, device=device, dtype=torch.bfloat16)
         layers.append(layer)
@@ -37,7 +37,7 @@ def make_layers(n: int, int8: bool, device: str = "cuda") -> list[dict]:
 def unfused(layers: list[dict], h: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
     def linear(x, wq):
         w, s = wq
-        return quant.int8_linear(x, w, s) if s is not None else F.linear(x, w)
+        return quant.quantized_linear(x, w, s) if s is not None else F.linear(x, w)
 
     for L in layers:
         x, res = norm.rms_norm(h, L["n1"], 1e-5, res)
@@ -82,12 +82,13 @@ def time_graph(fn, reps: int = 10) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=32)
-    ap.add_argument("--int8", action="store_true")
+    ap.add_argument("--quant", choices=["int8", "fp8"], help="weight-only quantization")
     ap.add_argument("--config", type=json.loads, help='GEMV tiles, e.g. \'{"BLOCK_N": 8, "BLOCK_K": 1024, "num_warps": 4}\'')
     args = ap.parse_args()
     global CONFIG
     CONFIG = args.config
-    layers = make_layers(args.layers, args.int8)
+    scheme = f"{args.quant}-weight-only" if args.quant else "none"
+    layers = make_layers(args.layers, scheme)
     nbytes = sum(t.numel() * t.element_size() for L in layers for k in ("qkv", "o", "up", "down")
                  for t in L[k] if t is not None)
     rows = []
@@ -95,12 +96,12 @@ def main() -> None:
         _dispatch.PDL_DISABLED = not pdl
         for name, fn in (("unfused", lambda h, r: unfused(layers, h, r)), ("fused GEMV", lambda h, r: fused(layers, h, r))):
             ms = time_graph(fn)
-            rows.append({"variant": name, "pdl": pdl, "int8": args.int8, "layers": args.layers, "ms": round(ms, 4),
+            rows.append({"variant": name, "pdl": pdl, "quant": args.quant, "layers": args.layers, "ms": round(ms, 4),
                          "weight_GBps": round(nbytes / ms / 1e6, 1)})
             print(json.dumps(rows[-1]), flush=True)
     base = rows[0]["ms"]
     print(f"\n{torch.cuda.get_device_name()}: {args.layers} layers of decode linears, batch 1, "
-          f"{'int8' if args.int8 else 'bf16'} weights ({nbytes / 1e9:.2f} GB)")
+          f"{args.quant or 'bf16'} weights ({nbytes / 1e9:.2f} GB)")
     print(f"{'variant':<12} {'PDL':>4} {'ms':>8} {'GB/s':>8} {'vs unfused':>10}")
     for r in rows:
         print(f"{r['variant']:<12} {'on' if r['pdl'] else 'off':>4} {r['ms']:>8.3f} {r['weight_GBps']:>8.0f} "

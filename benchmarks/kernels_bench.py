@@ -323,7 +323,7 @@ INT8_SWEEP = {  # [M > 16] -> alternative launch configs of the int8 kernel
 
 
 def bench_int8(sweep: bool) -> None:
-    from shardline.kernels.triton_quant import int8_linear_triton
+    from shardline.kernels.triton_quant import quantized_linear_triton
     per_step = {}
     for M in (1, 16, 64):
         for name, N, K in LLAMA_LINEARS:
@@ -343,15 +343,15 @@ def bench_int8(sweep: bool) -> None:
                 x = torch.randn(M, K, device="cuda", dtype=BF16)
                 w = torch.randn(N, K, device="cuda", dtype=BF16)
                 return lambda: F.linear(x, w)
-            t8 = bench("int8_linear", shape, "triton", make(quant.int8_linear), int8_bytes,
+            t8 = bench("quantized_linear", shape, "triton", make(quant.quantized_linear), int8_bytes,
                        flops=2 * M * N * K)
             tb = bench("bf16 linear", shape, "F.linear (cuBLAS)", make_bf16, bf16_bytes, flops=2 * M * N * K)
             if M == 1:
-                bench("int8_linear", shape, "ref (dequant+linear)", make(quant.int8_linear_ref), int8_bytes)
+                bench("quantized_linear", shape, "ref (dequant+linear)", make(quant.quantized_linear_ref), int8_bytes)
             if sweep:
                 for cfg in INT8_SWEEP[M > 16]:
                     label = "M{BLOCK_M} N{BLOCK_N} K{BLOCK_K} split{SPLIT_K} s{num_stages} w{num_warps}"
-                    bench("int8_linear", shape, label.format(**cfg), make(int8_linear_triton, config=cfg),
+                    bench("quantized_linear", shape, label.format(**cfg), make(quantized_linear_triton, config=cfg),
                           int8_bytes)
             if t8 and tb:
                 per_step.setdefault(M, [0.0, 0.0])

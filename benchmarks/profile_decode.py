@@ -1,7 +1,7 @@
 """Where a decode step's time goes, Llama-3-8B shape.
 
-    python benchmarks/profile_decode.py --batch 1 [--int8]          # GPU kernels of one eager step
-    python benchmarks/profile_decode.py --batch 256 --generate      # host + device of whole steps
+    python -m benchmarks.profile_decode --batch 1 [--quant int8]    # GPU kernels of one eager step
+    python -m benchmarks.profile_decode --batch 256 --generate      # host + device of whole steps
 
 The first mode runs a decode step (context 256) eagerly under torch.profiler after warm-up and
 prints the kernels by CUDA time. The second profiles `LocalPipeline.generate` as the benchmark
@@ -45,12 +45,13 @@ def print_gpu_idle(prof, steps: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--int8", action="store_true")
+    ap.add_argument("--quant", choices=["int8", "fp8"], help="weight-only quantization")
     ap.add_argument("--rows", type=int, default=18)
     ap.add_argument("--generate", action="store_true", help="profile whole generate() steps, host included")
     ap.add_argument("--trace", default="decode_trace.json")
     args = ap.parse_args()
-    pipeline = build("llama3-8b", int8=args.int8, max_num_seqs=max(args.batch, 16))
+    pipeline = build("llama3-8b", quantization=f"{args.quant}-weight-only" if args.quant else "none",
+                     max_num_seqs=max(args.batch, 16))
     if args.generate:
         prompts = torch.randint(0, 1000, (args.batch, 128)).tolist()
         pipeline.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))  # compile, capture

@@ -9,7 +9,7 @@ boundary cost a tenth of the step. `fused_linear` folds into one kernel:
     glu=True:           W is the fused [gate; up] projection [2I, K] and the output is
                         silu(gate) * up [M, I], as `activation.silu_and_mul` of the product.
 
-int8 weights carry a per-row scale (applied in the epilogue). Rounding follows the unfused path:
+int8 and fp8 weights carry a per-row scale (applied in the epilogue). Rounding follows the unfused path:
 the normed input, the projections and the activation are rounded to x's dtype where the unfused
 kernels round them. The reference below is literally that unfused path.
 """
@@ -24,11 +24,11 @@ from ._dispatch import use_triton
 GEMV_MAX_M = 1
 
 
-def _unfused(x, weight, scale, bias, norm_weight, residual, eps, glu, rms_norm, int8_linear, silu_and_mul):
+def _unfused(x, weight, scale, bias, norm_weight, residual, eps, glu, rms_norm, quantized_linear, silu_and_mul):
     res_out = None
     if norm_weight is not None:
         x, res_out = rms_norm(x, norm_weight, eps, residual)
-    y = int8_linear(x, weight, scale, bias) if scale is not None else torch.nn.functional.linear(x, weight, bias)
+    y = quantized_linear(x, weight, scale, bias) if scale is not None else torch.nn.functional.linear(x, weight, bias)
     return (silu_and_mul(y) if glu else y), res_out
 
 
@@ -37,7 +37,7 @@ def fused_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor 
                      residual: torch.Tensor | None = None, eps: float = 1e-6,
                      glu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     return _unfused(x, weight, scale, bias, norm_weight, residual, eps, glu,
-                    norm.rms_norm_ref, quant.int8_linear_ref, activation.silu_and_mul_ref)
+                    norm.rms_norm_ref, quant.quantized_linear_ref, activation.silu_and_mul_ref)
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -50,9 +50,9 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | No
                  bias: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
                  residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
                  config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(y, new residual or None). x [M, K]; weight [N, K] (bf16/fp16, or int8 with scale [N])."""
+    """(y, new residual or None). x [M, K]; weight [N, K] (bf16/fp16, or int8/fp8 with scale [N])."""
     if fits(x, weight):
         from .triton_gemv import fused_linear_triton
         return fused_linear_triton(x, weight, scale, bias, norm_weight, residual, eps, glu, config)
     return _unfused(x, weight, scale, bias, norm_weight, residual, eps, glu,
-                    norm.rms_norm, quant.int8_linear, activation.silu_and_mul)
+                    norm.rms_norm, quant.quantized_linear, activation.silu_and_mul)

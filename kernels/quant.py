@@ -1,8 +1,9 @@
-"""int8 weight-only linear: y = x @ (w_int8 * scale[:, None]).T + bias.
+"""Weight-only quantized linear: y = x @ (w_q * scale[:, None]).T + bias.
 
-w_int8 [out, in] int8 with per-output-channel scale [out] (see docs/shard-format.md). The
-reference dequantises; the GPU kernel streams int8 and scales in the epilogue, halving the bytes a
-memory-bound decode step reads.
+w_q [out, in] is int8 or fp8 (e4m3) with a per-output-channel scale [out] (docs/shard-format.md).
+The reference dequantises; the GPU kernels stream the 1-byte weights and scale in the epilogue,
+halving the bytes a memory-bound decode step reads. Both schemes share every kernel: they differ
+only in how a weight byte widens to a float.
 """
 
 from __future__ import annotations
@@ -12,10 +13,24 @@ import torch
 from ._dispatch import use_triton
 
 
-def int8_linear_ref(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
-    w = w_int8.to(x.dtype) * scale.to(x.dtype)[:, None]
+def quantized_linear_ref(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:
+    w = w_q.to(x.dtype) * scale.to(x.dtype)[:, None]
     return torch.nn.functional.linear(x, w, bias)
+
+
+FP8_MAX = 448.0  # the largest float8_e4m3fn
+
+
+def quantize_fp8_ref(w: torch.Tensor, scale_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel e4m3: `w [out, in]` -> (float8_e4m3fn `[out, in]`, `scale [out]`),
+    w ≈ q * scale, with `scale = max|w_row| / 448` rounded to `scale_dtype` first (as for int8)."""
+    wf = w.float()
+    scale = (wf.abs().amax(dim=1) / FP8_MAX).to(scale_dtype or w.dtype)
+    divisor = scale.float()
+    divisor = torch.where(divisor == 0, torch.ones_like(divisor), divisor)
+    q = (wf / divisor[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
 
 
 def quantize_int8_ref(w: torch.Tensor, scale_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,21 +48,26 @@ def quantize_int8_ref(w: torch.Tensor, scale_dtype: torch.dtype | None = None) -
     return q, scale
 
 
-def int8_linear(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
+# Manifest `quantization` -> (stored weight dtype, quantiser). "none" stores the model dtype.
+WEIGHT_ONLY = {"int8-weight-only": (torch.int8, quantize_int8_ref),
+               "fp8-weight-only": (torch.float8_e4m3fn, quantize_fp8_ref)}
+
+
+def quantized_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
     if use_triton(x):
-        from .triton_quant import int8_linear_triton
-        return int8_linear_triton(x, w_int8, scale, bias)
-    return int8_linear_ref(x, w_int8, scale, bias)
+        from .triton_quant import quantized_linear_triton
+        return quantized_linear_triton(x, w_q, scale, bias)
+    return quantized_linear_ref(x, w_q, scale, bias)
 
 
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
                    bias: torch.Tensor | None, config: dict) -> torch.Tensor:
-    """The split-K small-M kernel with a tuned `config` (shardline tune-gemm), for int8 (with
-    scale) or x-dtype weights; the plain product where Triton does not run."""
+    """The split-K small-M kernel with a tuned `config` (shardline tune-gemm), for int8 or fp8
+    (with scale) or x-dtype weights; the plain product where Triton does not run."""
     if use_triton(x):
         from .triton_quant import small_m_linear_triton
         return small_m_linear_triton(x, weight, scale, bias, config)
     if scale is not None:
-        return int8_linear_ref(x, weight, scale, bias)
+        return quantized_linear_ref(x, weight, scale, bias)
     return torch.nn.functional.linear(x, weight, bias)

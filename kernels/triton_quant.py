@@ -1,6 +1,6 @@
-"""Triton GEMM for small M (decode): y = (x @ w.T) [* scale] + bias, w int8 or x's dtype.
+"""Triton GEMM for small M (decode): y = (x @ w.T) [* scale] + bias, w int8, fp8 (e4m3) or x's dtype.
 
-int8 weights carry a per-output-channel scale; bf16/fp16 weights run the same kernel without one
+int8 and fp8 weights carry a per-output-channel scale; bf16/fp16 weights run the same kernel without one
 (HAS_SCALE=False), as one of the candidates `shardline tune-gemm` times against cuBLAS.
 
 Decode is bound by the bytes of the weights, so the kernel streams int8 [N, K] tiles, converts them
@@ -118,15 +118,15 @@ def default_config(M: int, N: int, K: int, num_sms: int) -> dict:
     return cfg
 
 
-def int8_linear_triton(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor,
-                       bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
-    return small_m_linear_triton(x, w_int8, scale, bias, config)
+def quantized_linear_triton(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor,
+                            bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+    return small_m_linear_triton(x, w_q, scale, bias, config)
 
 
 def small_m_linear_triton(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor | None,
                           bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
-    """`w_int8` is int8 with `scale`, or x's dtype with scale None (then `config` is required:
-    the caller chose this kernel over cuBLAS by timing it)."""
+    """`w_int8` is int8 or fp8 with `scale`, or x's dtype with scale None (then `config` is
+    required: the caller chose this kernel over cuBLAS by timing it)."""
     from ._dispatch import sm_count
     N, K = w_int8.shape
     x2 = x.reshape(-1, K)

@@ -4,7 +4,7 @@ GPU, keep the fastest, and let the stage worker load the choice.
     shardline tune-gemm --shape llama3-8b --batches 1,16,64,256 --out gemm-h200.json
     python -m shardline.stage_worker ... --gemm-config gemm-h200.json
 
-Candidates per (N, K, weight dtype, batch rows M): cuBLAS (torch's F.linear, or int8 dequantise +
+Candidates per (N, K, weight dtype, batch rows M): cuBLAS (torch's F.linear, or int8/fp8 dequantise +
 cuBLAS), the split-K small-M Triton kernel (kernels/triton_quant.py) and, for M = 1, the decode
 GEMV (kernels/triton_gemv.py) in the fused form the engine runs it (RMSNorm before qkv, the head
 and gate/up; SwiGLU after gate/up), each at a few tile configurations, each timed as CUDA-graph
@@ -114,18 +114,20 @@ def _gemv_runner(x: torch.Tensor, ws: list[torch.Tensor], scale: torch.Tensor | 
     return lambda i, cfg: fused_linear(x, ws[i], scale, None, norm_weight, residual, 1e-5, glu, cfg)
 
 
-def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.dtype, int8: bool,
-         device: torch.device, int8_names: set[str] | None = None) -> tuple[GemmTable, list[dict]]:
+def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.dtype, quantization: str,
+         device: torch.device, quantized_names: set[str] | None = None) -> tuple[GemmTable, list[dict]]:
+    """`quantization`: "none" or a weight-only scheme (kernels.quant.WEIGHT_ONLY), applied to the
+    shapes in `quantized_names` (default: all)."""
     from shardline.kernels import gemv, quant
 
     table = GemmTable(torch.cuda.get_device_name(device))
     report = []
     for name, (n, k) in shapes.items():
-        quantised = int8 and (int8_names is None or name in int8_names)
+        quantised = quantization != "none" and (quantized_names is None or name in quantized_names)
         w = torch.randn(n, k, device=device, dtype=x_dtype) * 0.02
         scale = None
         if quantised:
-            w, scale = quant.quantize_int8_ref(w)
+            w, scale = quant.WEIGHT_ONLY[quantization][1](w)
             scale = scale.to(x_dtype)
         copies = max(1, -(-(256 << 20) // (w.numel() * w.element_size())))  # >= 256 MB of weights
         ws = [w] + [w.clone() for _ in range(copies - 1)]
@@ -134,7 +136,7 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
             if scale is None:
                 cublas_us = _time_graph_us(lambda i: torch.nn.functional.linear(x, ws[i]), copies)
             else:
-                cublas_us = _time_graph_us(lambda i: quant.int8_linear(x, ws[i], scale), copies)
+                cublas_us = _time_graph_us(lambda i: quant.quantized_linear(x, ws[i], scale), copies)
             best = {"impl": "cublas", "config": None, "us": cublas_us}
             candidates = [("triton", cfg, lambda i, c=cfg: quant.small_m_linear(x, ws[i], scale, None, c))
                           for cfg in (TRITON_CONFIGS if m <= 64 else [])]
@@ -172,7 +174,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=None, help="default: the model's, or 1")
     p.add_argument("--batches", default="1,16,64,256")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    p.add_argument("--int8", action="store_true", help="tune int8 weight-only projections")
+    quant = p.add_mutually_exclusive_group()
+    quant.add_argument("--int8", action="store_true", help="tune int8 weight-only projections")
+    quant.add_argument("--fp8", action="store_true", help="tune fp8 (e4m3) weight-only projections")
     p.add_argument("--out", required=True)
 
 
@@ -188,13 +192,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.model:
         m = Manifest.read(args.model)
-        cfg, tp, int8 = m.model, args.tp or m.tp, args.int8 or m.quantization == "int8-weight-only"
+        cfg, tp, quantization = m.model, args.tp or m.tp, m.quantization
     else:
-        cfg, tp, int8 = ModelConfig(**SHAPES[args.shape]), args.tp or 1, args.int8
+        cfg, tp, quantization = ModelConfig(**SHAPES[args.shape]), args.tp or 1, "none"
+    if args.int8 or args.fp8:
+        quantization = "int8-weight-only" if args.int8 else "fp8-weight-only"
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     batches = [int(b) for b in args.batches.split(",")]
-    table, report = tune(linear_shapes(cfg, tp), batches, dtype, int8, torch.device("cuda"),
-                         int8_names={"qkv_proj", "o_proj", "up_proj", "down_proj"})
+    table, report = tune(linear_shapes(cfg, tp), batches, dtype, quantization, torch.device("cuda"),
+                         quantized_names={"qkv_proj", "o_proj", "up_proj", "down_proj"})
     out = Path(args.out)
     if out.is_file():  # merge: one file can hold several models' shapes
         old = GemmTable.load(out, torch.device("cuda"))

@@ -21,7 +21,7 @@ from shardline.config import ConfigError, ModelConfig
 
 FORMAT = "shardline.v1"
 MANIFEST_NAME = "manifest.json"
-QUANTIZATIONS = ("none", "int8-weight-only")
+QUANTIZATIONS = ("none", "int8-weight-only", "fp8-weight-only")
 
 
 def shard_file(stage: int, rank: int) -> str:
@@ -52,7 +52,7 @@ class ShardSpec:
 class Manifest:
     model: ModelConfig
     dtype: str  # "fp32" | "fp16" | "bf16": activations and unquantised weights
-    quantization: str  # "none" | "int8-weight-only"
+    quantization: str  # "none" | "int8-weight-only" | "fp8-weight-only"
     tp: int
     pp: int
     stages: tuple[StageSpec, ...]

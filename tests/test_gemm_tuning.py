@@ -51,6 +51,6 @@ def test_linear_shapes_follow_the_tp_split():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="tuning times kernels on a CUDA GPU")
 def test_tune_picks_a_candidate_no_slower_than_cublas():
-    t, report = tune({"o_proj": (1024, 1024)}, [1, 16], torch.bfloat16, False, torch.device("cuda"))
+    t, report = tune({"o_proj": (1024, 1024)}, [1, 16], torch.bfloat16, "none", torch.device("cuda"))
     assert all(r["best_us"] <= r["default_us"] for r in report)
     assert t.choice(1024, 1024, torch.bfloat16, torch.bfloat16, 1) is not None

@@ -1,4 +1,6 @@
-"""Host -> device copies that never wait for the GPU.
+"""A step's host data on its way to the GPU, and its sampled ids on their way back, without
+waiting for the GPU. `HostStep` is a step's layout as plain lists; `PinnedStaging` sends host data
+up; `TokenReadback` brings sampled ids down.
 
 A copy from pageable host memory waits for every kernel already queued on the stream before it
 starts (CUDA's rule for pageable transfers): one `torch.tensor(...).to("cuda")` while step N runs

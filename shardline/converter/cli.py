@@ -18,8 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # one-line error as every other bad input.
     parser.add_argument("--dtype", default="bf16",
                         help=f"weight and activation dtype: {', '.join(DTYPES)} (default bf16)")
-    parser.add_argument("--int8-weight-only", action="store_true",
-                        help="store *_proj weights as int8 with per-output-channel scales")
+    quant = parser.add_mutually_exclusive_group()
+    quant.add_argument("--int8-weight-only", action="store_true",
+                       help="store *_proj weights as int8 with per-output-channel scales")
+    quant.add_argument("--fp8-weight-only", action="store_true",
+                       help="store *_proj weights as fp8 (e4m3) with per-output-channel scales")
     parser.add_argument("--stage-layers", default=None,
                         help="layers per stage, comma-separated, e.g. 10,12,10 (default: as even as possible)")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
@@ -37,7 +40,8 @@ def parse_stage_layers(text: str | None) -> list[int] | None:
 def run(args: argparse.Namespace) -> int:
     try:
         manifest = convert(args.hf, args.out, tp=args.tp, pp=args.pp, dtype=args.dtype,
-                           int8_weight_only=args.int8_weight_only,
+                           quantization="int8-weight-only" if args.int8_weight_only else
+                           "fp8-weight-only" if args.fp8_weight_only else "none",
                            stage_layers=parse_stage_layers(args.stage_layers), overwrite=args.overwrite)
     except ConfigError as e:
         print(f"shardline convert: error: {e}", file=sys.stderr)

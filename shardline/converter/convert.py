@@ -22,24 +22,27 @@ from shardline.config import DTYPES, ConfigError, ModelConfig, check_tensor_para
 from shardline.converter.checkpoint import HFCheckpoint
 from shardline.converter.families import plan_shard
 from shardline.converter.plan import OutTensor, check_sources, materialize
-from shardline.kernels.quant import quantize_int8_ref
 from shardline.converter.safetensors_writer import TensorSpec, WrittenFile, write_safetensors
+from shardline.kernels.quant import WEIGHT_ONLY
 from shardline.manifest import Manifest, ShardSpec, StageSpec, shard_file
+from shardline.wire import MODEL_DTYPES
 
-TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "generation_config.json", "chat_template.jinja")
 
 
 def convert(hf_dir: str | Path, out_dir: str | Path, tp: int, pp: int, dtype: str,
-            int8_weight_only: bool = False, stage_layers: list[int] | None = None,
+            quantization: str = "none", stage_layers: list[int] | None = None,
             overwrite: bool = False) -> Manifest:
-    """Convert the checkpoint in `hf_dir` into `out_dir`; raises ConfigError on bad input."""
+    """Convert the checkpoint in `hf_dir` into `out_dir`; raises ConfigError on bad input.
+    `quantization`: "none", or a weight-only scheme of `kernels.quant.WEIGHT_ONLY`."""
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     hf_config = read_hf_config(hf_dir)
     cfg = model_config(hf_config)
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype} is not one of {', '.join(DTYPES)}")
+    if quantization != "none" and quantization not in WEIGHT_ONLY:
+        raise ConfigError(f"quantization {quantization!r} is not one of none, {', '.join(WEIGHT_ONLY)}")
     check_tensor_parallel(cfg, tp)
     ranges = split_layers(cfg.num_layers, pp, stage_layers)
     _check_out_dir(hf_dir, out_dir, overwrite)
@@ -57,11 +60,11 @@ def convert(hf_dir: str | Path, out_dir: str | Path, tp: int, pp: int, dtype: st
                 (tmp / f"stage-{s}").mkdir()
                 for r in range(tp):
                     written = write_shard(tmp / shard_file(s, r), plan_shard(cfg, ranges[s], tp, r), ckpt,
-                                          TORCH_DTYPES[dtype], int8_weight_only)
+                                          MODEL_DTYPES[dtype], quantization)
                     shards.append(ShardSpec(stage=s, rank=r, file=shard_file(s, r),
                                             sha256=written.sha256, bytes=written.bytes))
             manifest = Manifest(
-                model=cfg, dtype=dtype, quantization="int8-weight-only" if int8_weight_only else "none",
+                model=cfg, dtype=dtype, quantization=quantization,
                 tp=tp, pp=pp, stages=tuple(StageSpec(s, a, b) for s, (a, b) in enumerate(ranges)),
                 shards=tuple(shards), tokenizer_files=copy_tokenizer_files(hf_dir, tmp),
                 source={"hf_dir": str(hf_dir.resolve()), "model_type": hf_config.get("model_type"),
@@ -96,12 +99,13 @@ def model_config(hf_config: dict[str, Any]) -> ModelConfig:
 
 
 def write_shard(path: Path, plan: list[OutTensor], ckpt: HFCheckpoint, dtype: torch.dtype,
-                int8_weight_only: bool) -> WrittenFile:
-    quantized = {out.name for out in plan if int8_weight_only and out.is_projection}
+                quantization: str = "none") -> WrittenFile:
+    q_dtype, quantize = WEIGHT_ONLY.get(quantization, (None, None))
+    quantized = {out.name for out in plan if quantize is not None and out.is_projection}
     specs = []
     for out in plan:
         if out.name in quantized:
-            specs += [TensorSpec(out.name, torch.int8, out.shape),
+            specs += [TensorSpec(out.name, q_dtype, out.shape),
                       TensorSpec(out.name + "_scale", dtype, out.shape[:1])]
         else:
             specs.append(TensorSpec(out.name, dtype, out.shape))
@@ -111,7 +115,7 @@ def write_shard(path: Path, plan: list[OutTensor], ckpt: HFCheckpoint, dtype: to
         # the next one is being built.
         for out in plan:
             if out.name in quantized:
-                q, scale = quantize_int8_ref(materialize(ckpt, out, torch.float32), dtype)
+                q, scale = quantize(materialize(ckpt, out, torch.float32), dtype)
                 yield q
                 del q
                 yield scale

@@ -25,6 +25,7 @@ SAFETENSORS_DTYPES = {
     torch.bfloat16: "BF16",
     torch.int8: "I8",
     torch.uint8: "U8",
+    torch.float8_e4m3fn: "F8_E4M3",
     torch.int32: "I32",
     torch.int64: "I64",
 }

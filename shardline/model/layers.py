@@ -43,7 +43,7 @@ class Linear:
         if choice is not None and choice["impl"] == "triton":
             return quant.small_m_linear(x, self.weight, self.scale, bias, choice["config"])
         if self.scale is not None:
-            return quant.int8_linear(x, self.weight, self.scale, bias)
+            return quant.quantized_linear(x, self.weight, self.scale, bias)
         return F.linear(x, self.weight, bias)
 
     def fused(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,

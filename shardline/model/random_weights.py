@@ -11,8 +11,9 @@ import torch
 
 from shardline.config import ModelConfig
 from shardline.converter.families import plan_shard
-from shardline.kernels.quant import quantize_int8_ref
+from shardline.kernels.quant import WEIGHT_ONLY
 from shardline.manifest import Manifest, StageSpec
+from shardline.wire import MODEL_DTYPES
 
 LLAMA3_8B = dict(architecture="llama", vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32,
                  num_kv_heads=8, head_dim=128, intermediate_size=14336, max_position_embeddings=8192,
@@ -31,11 +32,11 @@ LLAMA_SMALL = {**LLAMA3_8B, "vocab_size": 1000, "hidden_size": 128, "num_layers"
 SHAPES = {"llama3-8b": LLAMA3_8B, "gptj-6b": GPTJ_6B, "llama-small": LLAMA_SMALL}
 
 
-def random_manifest(cfg: ModelConfig, dtype: str, tp: int = 1, pp: int = 1, int8: bool = False) -> Manifest:
+def random_manifest(cfg: ModelConfig, dtype: str, tp: int = 1, pp: int = 1, quantization: str = "none") -> Manifest:
     from shardline.config import split_layers
 
     stages = tuple(StageSpec(i, a, b) for i, (a, b) in enumerate(split_layers(cfg.num_layers, pp)))
-    return Manifest(model=cfg, dtype=dtype, quantization="int8-weight-only" if int8 else "none", tp=tp, pp=pp,
+    return Manifest(model=cfg, dtype=dtype, quantization=quantization, tp=tp, pp=pp,
                     stages=stages, shards=(), source={"random": True})
 
 
@@ -43,7 +44,7 @@ def random_manifest(cfg: ModelConfig, dtype: str, tp: int = 1, pp: int = 1, int8
 def random_stage_weights(manifest: Manifest, stage: int, rank: int, device: torch.device | str,
                          seed: int = 0) -> dict[str, torch.Tensor]:
     cfg, spec = manifest.model, manifest.stage(stage)
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[manifest.dtype]
+    dtype = MODEL_DTYPES[manifest.dtype]
     gen = torch.Generator(device=device).manual_seed(seed * 1000 + stage * 10 + rank)
     weights = {}
     for t in plan_shard(cfg, (spec.layer_start, spec.layer_end), manifest.tp, rank):
@@ -51,8 +52,8 @@ def random_stage_weights(manifest: Manifest, stage: int, rank: int, device: torc
             weights[t.name] = torch.ones(t.shape, dtype=dtype, device=device)
             continue
         w = torch.empty(t.shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=gen)
-        if manifest.quantization == "int8-weight-only" and t.is_projection:
-            weights[t.name], weights[t.name + "_scale"] = quantize_int8_ref(w, dtype)
+        if manifest.quantization in WEIGHT_ONLY and t.is_projection:
+            weights[t.name], weights[t.name + "_scale"] = WEIGHT_ONLY[manifest.quantization][1](w, dtype)
         else:
             weights[t.name] = w
     return weights

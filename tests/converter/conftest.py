@@ -24,14 +24,13 @@ def converted(tiny_hf, tmp_path_factory):
     cache: dict[str, tuple[Path, Path]] = {}
 
     def make(model: str, tp: int = 1, pp: int = 1, dtype: str = "fp32", stage_layers=None,
-             int8_weight_only: bool = False) -> tuple[Path, Path]:
-        key = repr((model, tp, pp, dtype, stage_layers, int8_weight_only))
+             quantization: str = "none") -> tuple[Path, Path]:
+        key = repr((model, tp, pp, dtype, stage_layers, quantization))
         if key not in cache:
             family, overrides = MODELS[model]
             hf = tiny_hf(family, **overrides)
             out = tmp_path_factory.mktemp("converted") / "out"
-            convert(hf, out, tp=tp, pp=pp, dtype=dtype, stage_layers=stage_layers,
-                    int8_weight_only=int8_weight_only)
+            convert(hf, out, tp=tp, pp=pp, dtype=dtype, stage_layers=stage_layers, quantization=quantization)
             cache[key] = (hf, out)
         return cache[key]
 

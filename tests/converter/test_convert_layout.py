@@ -77,11 +77,12 @@ def test_names_and_shapes_match_the_doc(converted, model, tp, pp, stage_layers):
         assert shard_shapes(out / shard.file) == want, f"{model} tp={tp} pp={pp} {shard.file}"
 
 
+@pytest.mark.parametrize("quantization", ["int8-weight-only", "fp8-weight-only"])
 @pytest.mark.parametrize("model", ["llama-gqa", "gpt2"])
-def test_int8_adds_a_scale_per_projection(converted, model):
-    _, out = converted(model, 2, 2, int8_weight_only=True)
+def test_weight_only_quantization_adds_a_scale_per_projection(converted, model, quantization):
+    _, out = converted(model, 2, 2, quantization=quantization)
     m = Manifest.read(out)
-    assert m.quantization == "int8-weight-only"
+    assert m.quantization == quantization
     for shard in m.shards:
         stage = m.stage(shard.stage)
         want = expected_shard(m.model, 2, (stage.layer_start, stage.layer_end), int8=True)

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from shardline.converter import convert
 from shardline.manifest import Manifest, sha256_file
+from shardline.wire import MODEL_DTYPES
 
 LAYOUTS = [(1, 1, None), (2, 1, None), (2, 2, [4, 2]), (2, 3, None), (1, 3, [1, 3, 2])]
 
@@ -236,10 +237,21 @@ def test_half_dtypes_are_the_cast_weights(converted, dtype, torch_dtype):
             assert t.dtype == torch_dtype and torch.equal(t, want[name][r].to(torch_dtype)), name
 
 
+# Per scheme: stored dtype, the largest code, and the bound on |dequantised - w| (half a step:
+# int8 steps are `scale`; e4m3 keeps 3 mantissa bits, so half a step is 2^-4 of the value, or
+# 2^-10 of the scale among the subnormals).
+HALF_STEP = {
+    "int8-weight-only": (torch.int8, 127, lambda w, scale: scale * 0.5),
+    "fp8-weight-only": (torch.float8_e4m3fn, 448, lambda w, scale: (w.abs() * 2 ** -4).clamp_min(scale * 2 ** -10)),
+}
+
+
+@pytest.mark.parametrize("quant", list(HALF_STEP))
 @pytest.mark.parametrize("model,dtype", [("llama-gqa", "fp32"), ("gptj", "bf16"), ("gpt2", "fp16")])
-def test_int8_dequantizes_within_half_a_step(converted, model, dtype):
+def test_weight_only_dequantizes_within_half_a_step(converted, model, dtype, quant):
+    q_dtype, q_max, half_step = HALF_STEP[quant]
     _, ref = converted(model, 2, 2)
-    _, out = converted(model, 2, 2, dtype=dtype, int8_weight_only=True)
+    _, out = converted(model, 2, 2, dtype=dtype, quantization=quant)
     _, want = load_shards(ref)
     m, got = load_shards(out)
     quantized = [n for n in got if n.endswith("_proj.weight")]
@@ -247,13 +259,13 @@ def test_int8_dequantizes_within_half_a_step(converted, model, dtype):
     for name in quantized:
         for r in range(m.tp):
             q, scale, w = got[name][r], got[name + "_scale"][r], want[name][r]
-            assert q.dtype == torch.int8 and scale.dtype == got["norm.weight"][0].dtype
+            assert q.dtype == q_dtype and scale.dtype == got["norm.weight"][0].dtype
             step = scale.float()[:, None]
             err = (q.float() * step - w).abs()
-            assert (err <= step * 0.5 + 1e-7).all(), f"{name}: int8 error above half a quantization step"
-            torch.testing.assert_close(scale.float(), (w.abs().amax(1) / 127).to(scale.dtype).float())
+            assert (err <= half_step(w, step) + 1e-7).all(), f"{name}: {quant} error above half a step"
+            torch.testing.assert_close(scale.float(), (w.abs().amax(1) / q_max).to(scale.dtype).float())
     for name in ("embed_tokens.weight", "lm_head.weight"):
-        assert got[name][0].dtype != torch.int8, "embeddings and the LM head stay in the model dtype"
+        assert got[name][0].dtype == MODEL_DTYPES[dtype], "embeddings and the LM head stay in the model dtype"
 
 
 def test_chat_template_file_is_copied(tiny_hf, tmp_path):

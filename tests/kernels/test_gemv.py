@@ -8,7 +8,7 @@ import torch
 from kernel_testing import assert_close
 from shardline.kernels import _dispatch
 from shardline.kernels.gemv import fits, fused_linear, fused_linear_ref
-from shardline.kernels.quant import quantize_int8_ref
+from shardline.kernels.quant import WEIGHT_ONLY
 
 
 def test_reference_is_the_unfused_path():
@@ -30,18 +30,20 @@ def test_fp32_and_batches_above_one_take_the_unfused_path():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("N,K", [(40, 96), (200, 300), (1000, 1100)])
-@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+@pytest.mark.parametrize("quant", ["none", "int8-weight-only", "fp8-weight-only"], ids=["dense", "int8", "fp8"])
 @pytest.mark.parametrize("fuse", ["plain", "norm", "norm_res", "norm_res_glu", "glu_bias"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_gemv_matches_the_unfused_path(device, N, K, int8, fuse, dtype):
+def test_gemv_matches_the_unfused_path(device, N, K, quant, fuse, dtype):
     M = 1
     if device == "cpu" and dtype == torch.bfloat16:
         pytest.skip("interpreted, bf16 conversions truncate (the errors add up coherently); fp16 runs")
     x = torch.randn(M, K, device=device, dtype=dtype)
     w = (torch.randn(2 * N if "glu" in fuse else N, K, device=device) * K ** -0.5).to(dtype)
     scale = None
-    if int8:
-        w, scale = quantize_int8_ref(w)
+    if quant != "none":
+        if quant == "fp8-weight-only" and device == "cpu":
+            pytest.skip("fp8 weights are checked on the GPU (Triton's interpreter has no e4m3)")
+        w, scale = WEIGHT_ONLY[quant][1](w)
     kw = {}
     if "norm" in fuse:
         kw["norm_weight"] = (torch.rand(K, device=device) + 0.5).to(dtype)
@@ -54,8 +56,8 @@ def test_gemv_matches_the_unfused_path(device, N, K, int8, fuse, dtype):
     assert fits(x, w) or not _dispatch.triton_available()
     y, r = fused_linear(x, w, scale, **kw)
     y_ref, r_ref = fused_linear_ref(x, w, scale, **kw)
-    # int8: the reference rounds each dequantised weight to x's dtype; the kernel scales in fp32.
-    assert_close(y, y_ref, f"gemv {fuse}", tol=2e-2 if int8 else None)
+    # int8/fp8: the reference rounds each dequantised weight to x's dtype; the kernel scales in fp32.
+    assert_close(y, y_ref, f"gemv {fuse}", tol=2e-2 if quant != "none" else None)
     if "res" in fuse:
         assert torch.equal(r, r_ref), "the new residual x + residual is not exact"
     else:
@@ -77,8 +79,8 @@ def test_gemv_tile_configs(device, block_n, block_k, stages):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("int8", [False, True], ids=["fp16", "int8"])
-def test_decode_layers_fused_equal_unfused(device, int8, monkeypatch):
+@pytest.mark.parametrize("quant", ["none", "int8-weight-only"], ids=["fp16", "int8"])
+def test_decode_layers_fused_equal_unfused(device, quant, monkeypatch):
     """A Llama stage's decode step through the fused GEMVs (norms and SwiGLU folded in, residual
     carried by the kernels) gives the logits of the unfused kernels."""
     from shardline.config import ModelConfig
@@ -89,7 +91,7 @@ def test_decode_layers_fused_equal_unfused(device, int8, monkeypatch):
     from shardline.parallel import single_rank
 
     cfg = ModelConfig(**LLAMA_SMALL)
-    manifest = random_manifest(cfg, "fp16", int8=int8)
+    manifest = random_manifest(cfg, "fp16", quantization=quant)
     weights = random_stage_weights(manifest, 0, 0, device)
     model = StageModel(cfg, single_rank(), weights, 0, cfg.num_layers, True, True)
     assert all(layer.fuse_decode for layer in model.layers)
@@ -122,4 +124,4 @@ def test_decode_layers_fused_equal_unfused(device, int8, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(gemv, "GEMV_MAX_M", 0)  # every linear takes the unfused path
     unfused = model.forward(new_ids, step, caches)
-    assert_close(fused, unfused, "fused decode logits", tol=2e-2 if int8 else 2e-3)
+    assert_close(fused, unfused, "fused decode logits", tol=2e-2 if quant != "none" else 2e-3)

@@ -5,15 +5,15 @@ import torch
 
 from kernel_testing import assert_close, skip_interpreted_bf16_dot
 from shardline.kernels import _dispatch
-from shardline.kernels.quant import int8_linear, int8_linear_ref, quantize_int8_ref
+from shardline.kernels.quant import quantize_fp8_ref, quantize_int8_ref, quantized_linear, quantized_linear_ref
 
 
-def test_int8_linear_ref_matches_float64():
+def test_quantized_linear_ref_matches_float64():
     x, w = torch.randn(7, 100, dtype=torch.float64), torch.randn(96, 100, dtype=torch.float64)
     q, scale = quantize_int8_ref(w)
     bias = torch.randn(96, dtype=torch.float64)
     want = x @ (q.double() * scale[:, None]).T + bias
-    torch.testing.assert_close(int8_linear_ref(x, q, scale, bias), want)
+    torch.testing.assert_close(quantized_linear_ref(x, q, scale, bias), want)
 
 
 def test_quantize_int8_ref_round_trip_error_is_half_a_step():
@@ -27,7 +27,7 @@ def test_public_name_runs_the_reference_on_cpu():
     x, (q, s) = torch.randn(3, 32), quantize_int8_ref(torch.randn(16, 32))
     if _dispatch.use_triton(x):
         pytest.skip("TRITON_INTERPRET routes CPU tensors to Triton")
-    assert torch.equal(int8_linear(x, q, s), int8_linear_ref(x, q, s))
+    assert torch.equal(quantized_linear(x, q, s), quantized_linear_ref(x, q, s))
 
 
 def _problem(M, N, K, dtype, device, with_bias):
@@ -43,10 +43,33 @@ def _problem(M, N, K, dtype, device, with_bias):
 @pytest.mark.parametrize("M,N,K", [(1, 96, 64), (7, 100, 96), (16, 256, 100), (20, 96, 512), (33, 96, 512),
                                    (64, 200, 256), (100, 96, 64)])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_int8_linear_triton(device, dtype, M, N, K, with_bias):
+def test_quantized_linear_triton(device, dtype, M, N, K, with_bias):
     skip_interpreted_bf16_dot(device, dtype)
     x, q, scale, bias = _problem(M, N, K, dtype, device, with_bias)
-    assert_close(int8_linear(x, q, scale, bias), int8_linear_ref(x, q, scale, bias), "int8_linear")
+    assert_close(quantized_linear(x, q, scale, bias), quantized_linear_ref(x, q, scale, bias), "quantized_linear")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M,N,K", [(1, 96, 64), (7, 100, 96), (33, 96, 512), (100, 96, 64)])
+def test_fp8_weights_run_the_same_kernels(device, dtype, M, N, K):
+    if device != "cuda":
+        pytest.skip("fp8 weights are checked on the GPU (Triton's interpreter has no e4m3)")
+    x = torch.randn(M, K, device=device, dtype=dtype)
+    q, scale = quantize_fp8_ref(torch.randn(N, K, device=device) * 0.05, dtype)
+    bias = torch.randn(N, device=device, dtype=dtype)
+    assert_close(quantized_linear(x, q, scale, bias), quantized_linear_ref(x, q, scale, bias), "fp8 quantized_linear")
+
+
+def test_quantize_fp8_ref_keeps_three_mantissa_bits():
+    w = torch.randn(96, 100)
+    w[3] = 0.0  # an all-zero row stays zero
+    q, scale = quantize_fp8_ref(w)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (96,)
+    assert q.float().abs().amax(dim=1)[torch.arange(96) != 3].eq(448).all(), "each row's largest maps to 448"
+    err = (q.float() * scale[:, None] - w).abs()
+    assert (err <= (w.abs() * 2 ** -4).clamp_min(scale[:, None] * 2 ** -10) + 1e-7).all()
+    assert q[3].float().eq(0).all()
 
 
 @pytest.mark.gpu
@@ -55,15 +78,15 @@ def test_int8_linear_triton(device, dtype, M, N, K, with_bias):
 @pytest.mark.parametrize("K", [384, 400])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_int8_linear_split_k_configs(device, split_k, block_m, block_n, block_k, K, dtype):
-    from shardline.kernels.triton_quant import int8_linear_triton
+    from shardline.kernels.triton_quant import quantized_linear_triton
     skip_interpreted_bf16_dot(device, dtype)
     x, q, scale, bias = _problem(3, 200, K, dtype, device, True)
     cfg = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4,
                num_stages=3)
-    want = int8_linear_ref(x, q, scale, bias)
+    want = quantized_linear_ref(x, q, scale, bias)
     for attempt in range(2):  # the tile counters must be back at zero after each call
-        assert_close(int8_linear_triton(x, q, scale, bias, config=cfg), want,
-                     f"int8_linear {cfg}, call {attempt + 1}")
+        assert_close(quantized_linear_triton(x, q, scale, bias, config=cfg), want,
+                     f"quantized_linear {cfg}, call {attempt + 1}")
 
 
 @pytest.mark.gpu
@@ -71,11 +94,11 @@ def test_int8_linear_split_k_is_deterministic_and_graph_capturable(device):
     if device != "cuda":
         pytest.skip("CUDA graphs need a GPU")
     x, q, scale, _ = _problem(1, 4096, 4096, torch.bfloat16, device, False)
-    first = int8_linear(x, q, scale)  # compiles and allocates the counters outside the capture
+    first = quantized_linear(x, q, scale)  # compiles and allocates the counters outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = int8_linear(x, q, scale)
+        out = quantized_linear(x, q, scale)
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()
@@ -83,12 +106,12 @@ def test_int8_linear_split_k_is_deterministic_and_graph_capturable(device):
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.cuda.synchronize()
-    assert_close(out, int8_linear_ref(x, q, scale), "int8_linear replayed on new input")
+    assert_close(out, quantized_linear_ref(x, q, scale), "quantized_linear replayed on new input")
 
 
 @pytest.mark.gpu
 def test_int8_linear_keeps_leading_dims(device):
     x, q, scale, _ = _problem(6, 96, 64, torch.float32, device, False)
-    out = int8_linear(x.view(2, 3, 64), q, scale)
+    out = quantized_linear(x.view(2, 3, 64), q, scale)
     assert out.shape == (2, 3, 96)
-    assert_close(out.view(6, 96), int8_linear_ref(x, q, scale), "int8_linear on [2, 3, K]")
+    assert_close(out.view(6, 96), quantized_linear_ref(x, q, scale), "quantized_linear on [2, 3, K]")
