@@ -28,8 +28,8 @@ class Linear:
         return self.gemms.choice(n, k, self.weight.dtype, x.dtype, x.shape[0])
 
     def uses_gemv(self, x: torch.Tensor) -> bool:
-        """A few rows (decode) run the GEMV kernel where `tune-gemm` measured it fastest on this
-        GPU; by default they run cuBLAS (the GEMV loses to it at most shapes, docs/benchmarks.md)."""
+        """One row (batch-1 decode) runs the GEMV kernel where `tune-gemm` measured it fastest on
+        this GPU; by default it runs cuBLAS (the GEMV loses to it at most shapes, docs/benchmarks.md)."""
         if not gemv.fits(x, self.weight):
             return False
         choice = self._choice(x)
