@@ -104,12 +104,14 @@ def _gemv_kernel(x_ptr, res_ptr, norm_ptr, res_out_ptr, w_ptr, scale_ptr, bias_p
     tl.store(out_ptr + offs_n, y.to(out_ty), mask=n_mask)
 
 
-def default_config(N: int, K: int, int8: bool) -> dict:
-    """64 weight elements per thread per tile (eight 16-byte loads of bf16, four of int8), and
-    at least ~4 programs per multiprocessor on the 4096-row projections."""
-    if int8:
-        return dict(BLOCK_N=8, BLOCK_K=2048, num_warps=8, num_stages=1)
-    return dict(BLOCK_N=8, BLOCK_K=1024, num_warps=4, num_stages=1)
+def default_config(glu: bool) -> dict:
+    """32 weight elements per thread per tile (16 with gate/up, which streams two tiles), the
+    largest tiles that compile to <= 128 registers a thread without spills for every variant
+    (`python benchmarks/gemv_registers.py`: 115-118 bf16, 89 int8). Chosen by register count, not
+    yet by time; `shardline tune-gemm` times the alternatives."""
+    if glu:
+        return dict(BLOCK_N=8, BLOCK_K=512, num_warps=8, num_stages=1)
+    return dict(BLOCK_N=8, BLOCK_K=1024, num_warps=8, num_stages=1)
 
 
 def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
@@ -122,7 +124,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     assert weight.shape[1] == K, f"weight is {tuple(weight.shape)}, x has {K} columns"
     x = x.contiguous()
     residual = residual.contiguous() if residual is not None else None
-    cfg = dict(config or default_config(N, K, weight.dtype == torch.int8))
+    cfg = dict(config or default_config(glu))
     out = torch.empty((1, N), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(x) if residual is not None else None
     dummy = x

@@ -1,0 +1,65 @@
+"""Registers and spills of the decode GEMV's variants, compiled for sm_90 on any machine (no GPU):
+Triton lowers the kernel to PTX and its bundled `ptxas -v` reports what each thread holds.
+
+    pip install triton   # CPU machines: the wheel carries ptxas
+    python benchmarks/gemv_registers.py
+
+A tile with more than ~128 registers a thread halves the programs resident per multiprocessor,
+and a spill puts the accumulator in local memory; both cost a weight stream its bandwidth. The
+tile lists in `kernels/triton_gemv.py` and `shardline/gemm_tuning.py` keep to tiles this shows
+clean.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from shardline.kernels.triton_gemv import _gemv_kernel
+
+VARIANTS = {"bf16": dict(INT8=False, NORM=False, GLU=False), "bf16+norm": dict(INT8=False, NORM=True, GLU=False),
+            "bf16+norm+glu": dict(INT8=False, NORM=True, GLU=True), "int8": dict(INT8=True, NORM=False, GLU=False),
+            "int8+norm+glu": dict(INT8=True, NORM=True, GLU=True)}
+
+
+def ptxas_usage(block_n: int, block_k: int, num_warps: int, INT8: bool, NORM: bool, GLU: bool) -> tuple[int, int]:
+    """(registers per thread, spill-store bytes) of one variant."""
+    sig = {name: "*bf16" for name in ("x_ptr", "res_ptr", "norm_ptr", "res_out_ptr", "scale_ptr", "bias_ptr", "out_ptr")}
+    sig |= {"w_ptr": "*i8" if INT8 else "*bf16", "N": "i32", "K": "i32", "eps": "fp32", "stride_w": "i32"}
+    constexprs = dict(NORM=NORM, HAS_RES=NORM, HAS_SCALE=INT8, HAS_BIAS=False, GLU=GLU, INT8=INT8, USE_PDL=True,
+                      BLOCK_N=block_n, BLOCK_K=block_k)
+    sig |= {k: "constexpr" for k in constexprs}
+    order = list(_gemv_kernel.arg_names)
+    attrs = {(order.index(n),): [["tt.divisibility", 16]] for n in sig if sig[n] != "constexpr" and n != "eps"}
+    src = ASTSource(fn=_gemv_kernel, signature={n: sig[n] for n in order}, constexprs=constexprs, attrs=attrs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 1})
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "k.ptx").write_text(kernel.asm["ptx"])
+        log = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
+                             capture_output=True, text=True, check=True).stderr
+    return int(re.search(r"Used (\d+) registers", log).group(1)), int(re.search(r"(\d+) bytes spill stores", log).group(1))
+
+
+def main() -> None:
+    print(f"{'BLOCK_N':>7} {'BLOCK_K':>7} {'warps':>5} {'w/thread':>8}  " + "  ".join(f"{v:>14}" for v in VARIANTS))
+    for bn, bk, w in itertools.product((4, 8, 16), (512, 1024, 2048), (4, 8)):
+        per_thread = bn * bk // (32 * w)
+        if not 16 <= per_thread <= 64:
+            continue
+        cells = []
+        for flags in VARIANTS.values():
+            regs, spill = ptxas_usage(bn, bk, w, **flags)
+            cells.append(f"{regs}" + (f" spill {spill}B" if spill else ""))
+        print(f"{bn:>7} {bk:>7} {w:>5} {per_thread:>8}  " + "  ".join(f"{c:>14}" for c in cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
