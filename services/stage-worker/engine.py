@@ -230,7 +230,9 @@ def follow(tp: TPGroup, engines: dict[int, StageEngine]) -> None:
         elif op == "step":
             inputs = tp.broadcast_tensor(None, tuple(msg["shape"]), DTYPES_BY_NAME[msg["dtype"]])
             try:
-                engine.execute(StageBatch.from_dict(msg["batch"]), inputs)
+                # The driver samples and reads the tokens; a follower's own copy of them is never
+                # read, so it does not wait for them (it runs ahead to the next broadcast).
+                engine.execute(StageBatch.from_dict(msg["batch"]), inputs, defer_tokens=True)
             except (ConfigError, OutOfBlocks):
                 pass  # the driver raises the same error from the same check and reports it
 
