@@ -180,14 +180,9 @@ class StageEngine:
         for c in batch.chunks:
             end = c.start_position + c.num_tokens
             table = bm.allocate(c.request_id, end)
-            if c.num_tokens == 1:
-                p = c.start_position
-                step.positions.append(p)
-                step.slots.append(table[p // bs] * bs + p % bs)
-            else:
-                pos = range(c.start_position, end)
-                step.positions.extend(pos)
-                step.slots.extend(table[p // bs] * bs + p % bs for p in pos)
+            pos = range(c.start_position, end)
+            step.positions.extend(pos)
+            step.slots.extend(table[p // bs] * bs + p % bs for p in pos)
             step.tables.append(table)
             step.seq_lens.append(end)
             step.starts.append(step.starts[-1] + c.num_tokens)

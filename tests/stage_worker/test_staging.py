@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from shardline.stage_worker.cuda_graphs import StepLayout
@@ -32,10 +33,19 @@ def test_layout_round_trips_a_step_and_pads_the_rest():
     assert buffer[layout.numel:].tolist() == [99] * 7  # nothing written past the layout
 
 
-def test_layouts_of_different_graphs_share_one_buffer_without_overlap():
-    small, big = StepLayout(1, 16), StepLayout(256, 4096)
-    assert small.numel == 3 + 1 + 8 and big.numel == 3 * 256 + 128 + 256 * 4096 // 2
-    assert big.tables_at >= big.seq_lens_at + 128
+@pytest.mark.parametrize("b,width", [(1, 16), (3, 5), (256, 4096)])
+def test_a_layouts_parts_are_disjoint_and_inside_it(b, width):
+    """Every part a graph reads (ids, positions, slots, seq_lens, block table) has its own bytes,
+    all within the layout's numel, so one upload of numel elements carries the whole step."""
+    layout = StepLayout(b, width)
+    buffer = torch.zeros(layout.numel + 64, dtype=torch.int64)
+    ids, meta = layout.views(buffer, torch.arange(b + 1, dtype=torch.int32), torch.arange(b), 16 * width)
+    parts = [ids, meta.positions, meta.slot_mapping, meta.seq_lens, meta.block_tables]
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in parts)
+    start, end = buffer.data_ptr(), buffer.data_ptr() + layout.numel * 8
+    assert spans[0][0] >= start and spans[-1][1] <= end, "a part lies outside the uploaded span"
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), "two parts overlap"
+    assert meta.block_tables.shape == (b, width) and meta.seq_lens.shape == (b,)
 
 
 def test_to_device_copies_values_and_grows_past_its_slot():
