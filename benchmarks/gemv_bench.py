@@ -1,8 +1,12 @@
 """The decode linears of a whole Llama-3-8B stack at batch 1, as one CUDA graph: how close the
 weight stream gets to the copy bandwidth, unfused (cuBLAS + norm and activation kernels) against
-the fused GEMV (kernels/gemv.py), with and without programmatic dependent launch.
+the fused GEMV (kernels/gemv.py) in its Triton and CUDA C forms, with and without programmatic
+dependent launch.
 
-    python benchmarks/gemv_bench.py [--layers 32] [--quant int8|fp8]
+    python benchmarks/gemv_bench.py [--layers 32] [--quant int8|fp8] [--sweep]
+
+--sweep also times each backend's candidate tiles (with each kernel's default PDL setting) and
+prints them fastest first.
 
 Per layer: RMSNorm -> qkv, o, RMSNorm -> gate/up -> SwiGLU -> down (attention left out: it
 reads no weights). Each variant is captured once and replayed; the table gives ms per stack,
@@ -17,7 +21,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from shardline.kernels import _dispatch, activation, gemv, norm, quant
+from shardline.kernels import _dispatch, activation, cuda_gemv, gemv, norm, quant
 
 
 def make_layers(n: int, quantization: str, device: str = "cuda") -> list[dict]:
@@ -48,17 +52,24 @@ def unfused(layers: list[dict], h: torch.Tensor, res: torch.Tensor) -> torch.Ten
     return h
 
 
-CONFIG: dict | None = None  # --config; None: the kernel's default tiles
-
-
-def fused(layers: list[dict], h: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
-    c = CONFIG
+def fused(layers: list[dict], h: torch.Tensor, res: torch.Tensor, c: dict | None, c_glu: dict | None) -> torch.Tensor:
+    """The stack as the engine runs it through the GEMV: tiles `c`, and `c_glu` for gate/up."""
     for L in layers:
         qkv, res = gemv.fused_linear(h, *L["qkv"], None, L["n1"], res, 1e-5, config=c)
         attn, _ = gemv.fused_linear(qkv[:, :4096].contiguous(), *L["o"], config=c)
-        act, res = gemv.fused_linear(attn, *L["up"], None, L["n2"], res, 1e-5, glu=True, config=c)
+        act, res = gemv.fused_linear(attn, *L["up"], None, L["n2"], res, 1e-5, glu=True, config=c_glu)
         h, _ = gemv.fused_linear(act, *L["down"], config=c)
     return h
+
+
+def sweep_configs(backend: str) -> list[tuple[dict, dict]]:
+    """(tiles, gate/up tiles) of a backend: `shardline tune-gemm`'s GEMV candidates; the CUDA
+    kernel's gate/up tiles keep half the chunks in flight per row (it streams two rows)."""
+    from shardline.gemm_tuning import GEMV_CONFIGS
+    configs = [c for c in GEMV_CONFIGS if c["backend"] == backend]
+    if backend == "cuda":
+        return [(c, dict(c, UNROLL=max(1, c["UNROLL"] // 2))) for c in configs]
+    return [(c, c) for c in configs]
 
 
 def time_graph(fn, reps: int = 10) -> float:
@@ -83,29 +94,50 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--quant", choices=["int8", "fp8"], help="weight-only quantization")
-    ap.add_argument("--config", type=json.loads, help='GEMV tiles, e.g. \'{"BLOCK_N": 8, "BLOCK_K": 1024, "num_warps": 4}\'')
+    ap.add_argument("--sweep", action="store_true", help="time every candidate tile of both backends")
     args = ap.parse_args()
-    global CONFIG
-    CONFIG = args.config
     scheme = f"{args.quant}-weight-only" if args.quant else "none"
     layers = make_layers(args.layers, scheme)
     nbytes = sum(t.numel() * t.element_size() for L in layers for k in ("qkv", "o", "up", "down")
                  for t in L[k] if t is not None)
     rows = []
-    for pdl in (False, True):
-        _dispatch.PDL_DISABLED = not pdl
-        for name, fn in (("unfused", lambda h, r: unfused(layers, h, r)), ("fused GEMV", lambda h, r: fused(layers, h, r))):
+
+    def run(name: str, fn, pdl: bool, tiles=None, gemv_pdl: bool = False) -> None:
+        _dispatch.PDL_DISABLED, _dispatch.GEMV_PDL_ENABLED = not pdl, gemv_pdl
+        try:
             ms = time_graph(fn)
-            rows.append({"variant": name, "pdl": pdl, "quant": args.quant, "layers": args.layers, "ms": round(ms, 4),
-                         "weight_GBps": round(nbytes / ms / 1e6, 1)})
-            print(json.dumps(rows[-1]), flush=True)
+        except Exception as e:  # a candidate that does not compile or launch is reported, not fatal
+            print(f"{name} {tiles}: failed: {type(e).__name__}: {e}", flush=True)
+            return
+        rows.append({"variant": name, "pdl": pdl, "gemv_pdl": gemv_pdl, "quant": args.quant, "layers": args.layers, "ms": round(ms, 4),
+                     "weight_GBps": round(nbytes / ms / 1e6, 1), "tiles": tiles})
+        print(json.dumps(rows[-1]), flush=True)
+
+    backends = ["triton"] + (["cuda"] if cuda_gemv.available() else [])
+    for pdl in (False, True):
+        run("unfused", lambda h, r: unfused(layers, h, r), pdl)
+        for b in backends:
+            c = {"backend": b}
+            run(f"fused {b}", lambda h, r, c=c: fused(layers, h, r, c, c), pdl)
+    if "cuda" in backends:
+        c = {"backend": "cuda"}
+        run("fused cuda", lambda h, r: fused(layers, h, r, c, c), True, gemv_pdl=True)
+    fixed = len(rows)
+    if args.sweep:
+        for b in backends:
+            for c, c_glu in sweep_configs(b):
+                run(f"fused {b}", lambda h, r, c=c, g=c_glu: fused(layers, h, r, c, g), True, [c, c_glu])
+        _dispatch.PDL_DISABLED, _dispatch.GEMV_PDL_ENABLED = False, False
     base = rows[0]["ms"]
     print(f"\n{torch.cuda.get_device_name()}: {args.layers} layers of decode linears, batch 1, "
           f"{args.quant or 'bf16'} weights ({nbytes / 1e9:.2f} GB)")
-    print(f"{'variant':<12} {'PDL':>4} {'ms':>8} {'GB/s':>8} {'vs unfused':>10}")
-    for r in rows:
-        print(f"{r['variant']:<12} {'on' if r['pdl'] else 'off':>4} {r['ms']:>8.3f} {r['weight_GBps']:>8.0f} "
-              f"{base / r['ms']:>9.2f}x")
+    print("PDL: the Triton kernels'; a CUDA GEMV takes it only in the row marked 'GEMV PDL'")
+    print(f"{'variant':<14} {'PDL':>4} {'ms':>8} {'GB/s':>8} {'vs unfused':>10}  tiles")
+    for r in rows[:fixed] + sorted(rows[fixed:], key=lambda r: r["ms"]):
+        tiles = "" if r["tiles"] is None else " / ".join(
+            ",".join(f"{k}={v}" for k, v in t.items() if k != "backend") for t in r["tiles"])
+        print(f"{r['variant']:<14} {'on' if r['pdl'] else 'off':>4} {r['ms']:>8.3f} {r['weight_GBps']:>8.0f} "
+              f"{base / r['ms']:>9.2f}x  {tiles}{'GEMV PDL' if r['gemv_pdl'] else ''}")
 
 
 if __name__ == "__main__":

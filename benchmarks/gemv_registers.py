@@ -33,7 +33,7 @@ def ptxas_usage(block_n: int, block_k: int, num_warps: int, INT8: bool, NORM: bo
     """(registers per thread, spill-store bytes) of one variant."""
     sig = {name: "*bf16" for name in ("x_ptr", "res_ptr", "norm_ptr", "res_out_ptr", "scale_ptr", "bias_ptr", "out_ptr")}
     sig |= {"w_ptr": "*i8" if INT8 else "*bf16", "N": "i32", "K": "i32", "eps": "fp32", "stride_w": "i32"}
-    constexprs = dict(NORM=NORM, HAS_RES=NORM, HAS_SCALE=INT8, HAS_BIAS=False, GLU=GLU, INT8=INT8, USE_PDL=True,
+    constexprs = dict(NORM=NORM, HAS_RES=NORM, HAS_SCALE=INT8, HAS_BIAS=False, GLU=GLU, INT8=INT8, FP8=False, USE_PDL=True,
                       BLOCK_N=block_n, BLOCK_K=block_k)
     sig |= {k: "constexpr" for k in constexprs}
     order = list(_gemv_kernel.arg_names)

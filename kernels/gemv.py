@@ -9,6 +9,11 @@ boundary cost a tenth of the step. `fused_linear` folds into one kernel:
     glu=True:           W is the fused [gate; up] projection [2I, K] and the output is
                         silu(gate) * up [M, I], as `activation.silu_and_mul` of the product.
 
+Two kernels implement it: triton_gemv.py and cuda_gemv.py (CUDA C through CuPy). A `config` with
+"backend": "cuda" or "triton" picks one and its tiles (`shardline tune-gemm` writes such configs);
+without a config DEFAULT_BACKEND runs. `preferred` is the engine's choice when no tuned table
+says otherwise.
+
 int8 and fp8 weights carry a per-row scale (applied in the epilogue). Rounding follows the unfused path:
 the normed input, the projections and the activation are rounded to x's dtype where the unfused
 kernels round them. The reference below is literally that unfused path.
@@ -22,6 +27,7 @@ from . import activation, norm, quant
 from ._dispatch import use_triton
 
 GEMV_MAX_M = 1
+DEFAULT_BACKEND = "cuda"
 
 
 def _unfused(x, weight, scale, bias, norm_weight, residual, eps, glu, rms_norm, quantized_linear, silu_and_mul):
@@ -46,13 +52,26 @@ def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and weight.stride(-1) == 1 and use_triton(x))
 
 
+def preferred(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
+    """Run a one-row linear through the GEMV by default: where the CUDA C kernel takes the operands
+    (measured faster than cuBLAS over the decode stack, docs/benchmarks.md)."""
+    from . import cuda_gemv
+    return DEFAULT_BACKEND == "cuda" and fits(x, weight) and cuda_gemv.fits(x, weight, scale, bias)
+
+
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
                  bias: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
                  residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
                  config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(y, new residual or None). x [M, K]; weight [N, K] (bf16/fp16, or int8/fp8 with scale [N])."""
     if fits(x, weight):
+        from . import cuda_gemv
+        backend = config.get("backend", "triton") if config else DEFAULT_BACKEND  # tables before "backend": Triton
+        if backend == "cuda" and cuda_gemv.fits(x, weight, scale, bias):
+            return cuda_gemv.fused_linear_cuda(x, weight, scale, bias, norm_weight, residual, eps, glu,
+                                               config if config and config.get("backend") == "cuda" else None)
         from .triton_gemv import fused_linear_triton
-        return fused_linear_triton(x, weight, scale, bias, norm_weight, residual, eps, glu, config)
+        tiles = {k: v for k, v in config.items() if k != "backend"} if config and backend == "triton" else None
+        return fused_linear_triton(x, weight, scale, bias, norm_weight, residual, eps, glu, tiles)
     return _unfused(x, weight, scale, bias, norm_weight, residual, eps, glu,
                     norm.rms_norm, quant.quantized_linear, activation.silu_and_mul)

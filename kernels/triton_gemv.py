@@ -31,9 +31,11 @@ from .triton_pdl import pdl_wait
 
 
 @triton.jit
-def _widen(w, INT8: tl.constexpr):
+def _widen(w, INT8: tl.constexpr, FP8: tl.constexpr):
     if INT8:  # 0x4B000080 is the bit pattern of 2^23 + 128 = 8388736.0
         return (w.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+    if FP8:  # loaded as bytes: a masked load cannot fill fp8 with a zero
+        return w.to(tl.float8e4nv, bitcast=True).to(tl.float32)
     return w.to(tl.float32)
 
 
@@ -41,7 +43,7 @@ def _widen(w, INT8: tl.constexpr):
 def _gemv_kernel(x_ptr, res_ptr, norm_ptr, res_out_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
                  N, K, eps, stride_w,
                  NORM: tl.constexpr, HAS_RES: tl.constexpr, HAS_SCALE: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, GLU: tl.constexpr, INT8: tl.constexpr, USE_PDL: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, GLU: tl.constexpr, INT8: tl.constexpr, FP8: tl.constexpr, USE_PDL: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -78,9 +80,9 @@ def _gemv_kernel(x_ptr, res_ptr, norm_ptr, res_out_ptr, w_ptr, scale_ptr, bias_p
         if NORM:
             sum_sq += xf * xf
             xf = xf * tl.load(norm_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-        acc += _widen(w, INT8) * xf[None, :]
+        acc += _widen(w, INT8, FP8) * xf[None, :]
         if GLU:
-            acc_up += _widen(u, INT8) * xf[None, :]
+            acc_up += _widen(u, INT8, FP8) * xf[None, :]
         w, u = w_next, u_next
 
     rstd = 1.0
@@ -128,10 +130,12 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     out = torch.empty((1, N), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(x) if residual is not None else None
     dummy = x
+    fp8 = weight.dtype == torch.float8_e4m3fn
     _gemv_kernel[(triton.cdiv(N, cfg["BLOCK_N"]),)](
         x, residual if residual is not None else dummy, norm_weight if norm_weight is not None else dummy,
-        res_out if res_out is not None else dummy, weight, scale if scale is not None else dummy,
+        res_out if res_out is not None else dummy, weight.view(torch.uint8) if fp8 else weight,
+        scale if scale is not None else dummy,
         bias if bias is not None else dummy, out, N, K, eps, weight.stride(0),
         NORM=norm_weight is not None, HAS_RES=residual is not None, HAS_SCALE=scale is not None,
-        HAS_BIAS=bias is not None, GLU=glu, INT8=weight.dtype == torch.int8, **cfg, **pdl_args(x))
+        HAS_BIAS=bias is not None, GLU=glu, INT8=weight.dtype == torch.int8, FP8=fp8, **cfg, **pdl_args(x))
     return out, res_out

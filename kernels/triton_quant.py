@@ -26,7 +26,8 @@ import triton.language as tl
 @triton.jit
 def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
                         stride_xm, stride_wn, stride_om,
-                        HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                        HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr,
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
@@ -52,6 +53,8 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, co
             k_mask = (k0 + offs_k[None, :]) < k_hi
             x = tl.load(x_ptrs, mask=m_mask & k_mask, other=0.0)
             w = tl.load(w_ptrs, mask=n_mask & k_mask, other=0)
+        if FP8:  # fp8 weights arrive as their bytes (a masked load cannot fill fp8 with a zero)
+            w = w.to(tl.float8e4nv, bitcast=True)
         acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
@@ -150,9 +153,12 @@ def small_m_linear_triton(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Te
     else:
         part, counters = out, out  # unused
     dummy = scale if scale is not None else out
-    _int8_linear_kernel[grid](x2, w_int8, dummy, bias if bias is not None else dummy, out, part,
+    fp8 = w_int8.dtype == torch.float8_e4m3fn
+    _int8_linear_kernel[grid](x2, w_int8.view(torch.uint8) if fp8 else w_int8, dummy,
+                              bias if bias is not None else dummy, out, part,
                               counters, M, N, K, x2.stride(0), w_int8.stride(0), out.stride(0),
-                              HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, EVEN_K=K % cfg["BLOCK_K"] == 0,
+                              HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8,
+                              EVEN_K=K % cfg["BLOCK_K"] == 0,
                               DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                               SPLIT_K=split_k, BLOCK_M=block_m, **cfg)
     return out.view(*x.shape[:-1], N)

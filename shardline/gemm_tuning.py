@@ -31,10 +31,14 @@ from shardline.config import ModelConfig
 log = logging.getLogger("shardline.gemm_tuning")
 TRITON_CONFIGS = [dict(BLOCK_N=bn, BLOCK_K=128, SPLIT_K=sk, num_warps=4, num_stages=4)
                   for bn in (32, 64, 128) for sk in (1, 2, 4, 8)]
-# GEMV tiles (batch 1): 16 or 32 weight elements per thread per tile, the ones that compile
-# without spills for every fused variant (benchmarks/gemv_registers.py).
-GEMV_CONFIGS = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=1) for bn, bk, w in (
+# GEMV tiles (batch 1). Triton: 16 or 32 weight elements per thread per tile, the ones that
+# compile without spills for every fused variant (benchmarks/gemv_registers.py). CUDA C: warps per
+# block, rows per warp, 16-byte chunks in flight per row and lane, blocks per multiprocessor.
+GEMV_CONFIGS = [dict(backend="triton", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=1) for bn, bk, w in (
     (4, 512, 4), (4, 1024, 4), (8, 512, 4), (4, 1024, 8), (8, 512, 8), (8, 1024, 8), (16, 512, 8))]
+GEMV_CONFIGS += [dict(backend="cuda", WARPS=w, ROWS=r, UNROLL=u, BLOCKS=b) for w, r, u, b in (
+    (8, 2, 4, 2), (8, 2, 4, 1), (8, 2, 4, 3), (8, 2, 4, 0), (8, 1, 8, 2), (8, 1, 4, 2), (4, 2, 4, 4),
+    (16, 2, 4, 1), (8, 4, 2, 2))]
 # How the engine runs each linear through the GEMV: (RMSNorm fused before, SwiGLU fused after).
 GEMV_FUSION = {"qkv_proj": (True, False), "o_proj": (False, False), "up_proj": (True, True),
                "down_proj": (False, False), "lm_head": (True, False)}
@@ -118,7 +122,7 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
          device: torch.device, quantized_names: set[str] | None = None) -> tuple[GemmTable, list[dict]]:
     """`quantization`: "none" or a weight-only scheme (kernels.quant.WEIGHT_ONLY), applied to the
     shapes in `quantized_names` (default: all)."""
-    from shardline.kernels import gemv, quant
+    from shardline.kernels import cuda_gemv, gemv, quant
 
     table = GemmTable(torch.cuda.get_device_name(device))
     report = []
@@ -142,7 +146,8 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
                           for cfg in (TRITON_CONFIGS if m <= 64 else [])]
             if gemv.fits(x, w) and name in GEMV_FUSION:
                 run_gemv = _gemv_runner(x, ws, scale, *GEMV_FUSION[name])
-                candidates += [("gemv", cfg, lambda i, c=cfg: run_gemv(i, c)) for cfg in GEMV_CONFIGS]
+                candidates += [("gemv", cfg, lambda i, c=cfg: run_gemv(i, c)) for cfg in GEMV_CONFIGS
+                               if cfg["backend"] == "triton" or cuda_gemv.fits(x, w, scale, None)]
             gemv_best = None
             for impl, cfg, fn in candidates:
                 try:

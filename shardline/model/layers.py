@@ -28,18 +28,20 @@ class Linear:
         return self.gemms.choice(n, k, self.weight.dtype, x.dtype, x.shape[0])
 
     def _runs_gemv(self, x: torch.Tensor, choice: dict | None) -> bool:
-        return choice is not None and choice["impl"] == "gemv" and gemv.fits(x, self.weight)
+        if choice is not None:
+            return choice["impl"] == "gemv" and gemv.fits(x, self.weight)
+        return gemv.preferred(x, self.weight, self.scale, self.bias)
 
     def uses_gemv(self, x: torch.Tensor) -> bool:
-        """One row (batch-1 decode) runs the GEMV kernel where `tune-gemm` measured it fastest on
-        this GPU; by default it runs cuBLAS (the GEMV loses to it at most shapes, docs/benchmarks.md)."""
+        """One row (batch-1 decode) runs the GEMV kernel: as `tune-gemm` chose for this GPU when a
+        table is loaded, else wherever the CUDA C GEMV takes the operands (kernels/gemv.py)."""
         return self._runs_gemv(x, self._choice(x))
 
     def __call__(self, x: torch.Tensor, add_bias: bool = True) -> torch.Tensor:
         bias = self.bias if add_bias else None
         choice = self._choice(x)
         if self._runs_gemv(x, choice):
-            return gemv.fused_linear(x, self.weight, self.scale, bias, config=choice["config"])[0]
+            return gemv.fused_linear(x, self.weight, self.scale, bias, config=choice and choice["config"])[0]
         if choice is not None and choice["impl"] == "triton":
             return quant.small_m_linear(x, self.weight, self.scale, bias, choice["config"])
         if self.scale is not None:
@@ -51,7 +53,7 @@ class Linear:
         """RMSNorm(x + residual) -> this linear (-> silu(gate) * up when `glu`), in one GEMV
         kernel when `uses_gemv(x)`; returns (output, x + residual or None)."""
         choice = self._choice(x)
-        config = choice["config"] if self._runs_gemv(x, choice) else None
+        config = choice["config"] if choice is not None and self._runs_gemv(x, choice) else None
         return gemv.fused_linear(x, self.weight, self.scale, self.bias, norm_weight, residual, eps, glu,
                                  config=config)
 

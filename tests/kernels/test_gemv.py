@@ -64,6 +64,68 @@ def test_gemv_matches_the_unfused_path(device, N, K, quant, fuse, dtype):
         assert r is None and r_ref is None
 
 
+def _fused_case(device, N, K, quant, fuse, dtype):
+    """(x, w, scale, kwargs) of one fused_linear case."""
+    x = torch.randn(1, K, device=device, dtype=dtype)
+    w = (torch.randn(2 * N if "glu" in fuse else N, K, device=device) * K ** -0.5).to(dtype)
+    scale = None
+    if quant != "none":
+        w, scale = WEIGHT_ONLY[quant][1](w)
+    kw = {"glu": "glu" in fuse}
+    if "norm" in fuse:
+        kw["norm_weight"] = (torch.rand(K, device=device) + 0.5).to(dtype)
+        kw["eps"] = 1e-5
+    if "res" in fuse:
+        kw["residual"] = torch.randn(1, K, device=device, dtype=dtype)
+    if "bias" in fuse:
+        kw["bias"] = torch.randn(w.shape[0], device=device, dtype=dtype)
+    return x, w, scale, kw
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,K", [(41, 112), (333, 1040), (1000, 4096)])
+@pytest.mark.parametrize("quant", ["none", "int8-weight-only", "fp8-weight-only"], ids=["dense", "int8", "fp8"])
+@pytest.mark.parametrize("fuse", ["plain", "norm", "norm_res", "norm_res_glu", "glu_bias"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_cuda_gemv_matches_the_unfused_path(device, N, K, quant, fuse, dtype):
+    from shardline.kernels import cuda_gemv
+    if device == "cpu" or not cuda_gemv.available():
+        pytest.skip("the CUDA C GEMV needs a GPU and CuPy")
+    x, w, scale, kw = _fused_case(device, N, K, quant, fuse, dtype)
+    assert cuda_gemv.fits(x, w, scale, kw.get("bias"))
+    y, r = fused_linear(x, w, scale, config={"backend": "cuda"}, **kw)
+    y_ref, r_ref = fused_linear_ref(x, w, scale, **kw)
+    assert_close(y, y_ref, f"cuda gemv {fuse}", tol=2e-2 if quant != "none" else None)
+    if "res" in fuse:
+        assert torch.equal(r, r_ref), "the new residual x + residual is not exact"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("warps,rows,unroll,blocks", [(4, 1, 1, 0), (8, 2, 4, 1), (16, 3, 16, 0), (2, 2, 2, 1)])
+def test_cuda_gemv_tiles(device, warps, rows, unroll, blocks):
+    from shardline.kernels import cuda_gemv
+    if device == "cpu" or not cuda_gemv.available():
+        pytest.skip("the CUDA C GEMV needs a GPU and CuPy")
+    x, w, _, kw = _fused_case(device, 301, 1032, "none", "norm_res_glu", torch.bfloat16)
+    cfg = dict(backend="cuda", WARPS=warps, ROWS=rows, UNROLL=unroll, BLOCKS=blocks)
+    y, _ = fused_linear(x, w, config=cfg, **kw)
+    assert_close(y, fused_linear_ref(x, w, **kw)[0], f"cuda gemv tiles {cfg}")
+
+
+def test_cuda_gemv_operand_rules():
+    from shardline.kernels.cuda_gemv import operands_fit
+    x = torch.randn(1, 32, dtype=torch.bfloat16)
+    w = torch.randn(8, 32, dtype=torch.bfloat16)
+    w_q, scale = WEIGHT_ONLY["int8-weight-only"][1](w)
+    assert operands_fit(x, w, None, None) and operands_fit(x, w_q, scale, None)
+    assert not operands_fit(torch.randn(2, 32, dtype=torch.bfloat16), w, None, None), "one row only"
+    assert not operands_fit(x[:, :24], w_q[:, :24].contiguous(), scale, None), "24 int8 is not whole 16-byte chunks"
+    assert not operands_fit(x, w_q, scale.float(), None), "the scale must be in x's dtype"
+    assert not operands_fit(x, w_q, None, None), "1-byte weights need their scale"
+    assert not operands_fit(x, w.half(), None, None), "a 16-bit weight must be in x's dtype"
+    assert not operands_fit(x, w.t().contiguous().t(), None, None), "rows must be contiguous"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("block_n,block_k,stages", [(4, 128, 1), (8, 1024, 3), (32, 64, 2)])
 def test_gemv_tile_configs(device, block_n, block_k, stages):
@@ -125,3 +187,18 @@ def test_decode_layers_fused_equal_unfused(device, quant, monkeypatch):
     monkeypatch.setattr(gemv, "GEMV_MAX_M", 0)  # every linear takes the unfused path
     unfused = model.forward(new_ids, step, caches)
     assert_close(fused, unfused, "fused decode logits", tol=2e-2 if quant != "none" else 2e-3)
+
+
+@pytest.mark.gpu
+def test_cuda_gemv_with_programmatic_dependent_launch(device, monkeypatch):
+    from shardline.kernels import cuda_gemv
+    if device == "cpu" or not cuda_gemv.available() or not _dispatch.use_pdl(torch.empty(0, device=device)):
+        pytest.skip("PDL needs a Hopper GPU and CuPy")
+    monkeypatch.setattr(_dispatch, "GEMV_PDL_ENABLED", True)
+    x, w, scale, kw = _fused_case(device, 515, 2064, "int8-weight-only", "norm_res_glu", torch.bfloat16)
+    y, r = fused_linear(x, w, scale, config={"backend": "cuda"}, **kw)
+    y2, _ = fused_linear(y, w[:, :y.shape[1]].contiguous(), scale, config={"backend": "cuda"})  # waits on the first
+    y_ref, r_ref = fused_linear_ref(x, w, scale, **kw)
+    assert_close(y, y_ref, "cuda gemv with PDL", tol=2e-2)
+    assert_close(y2, fused_linear_ref(y_ref, w[:, :y.shape[1]].contiguous(), scale)[0], "the dependent GEMV", tol=2e-2)
+    assert torch.equal(r, r_ref)

@@ -1,0 +1,369 @@
+"""CUDA C GEMV for decode at batch 1 (CuPy compiles it with NVRTC), the same fused op as
+triton_gemv.py: optional residual add + RMSNorm before the product, optional SwiGLU after, int8
+or fp8 weights with a per-row scale.
+
+A batch-1 decode step is a weight stream, and the time it loses is at the edges of ~130 short
+kernels. This kernel is written for that:
+
+- one warp owns ROWS output rows (both the gate and the up row with GLU) and walks K in 16-byte
+  chunks, lane l taking chunks l, l + 32, ...; UNROLL chunks per row are loaded before any is
+  used, and many warps per multiprocessor keep the memory system full. One warp-shuffle
+  reduction at the end; no shared memory, no split-K partials.
+- weights are read with `ld.global.nc.L1::no_allocate`: they are used once, so they bypass L1
+  and leave it to x, which every warp reads.
+- x is staged once per block in shared memory as fp32, after the residual add and the norm weight,
+  laid out so that the lanes' float4 reads are conflict-free; a warp's inner loop is then one
+  weight load, EPC/4 shared loads and the widen-and-FMA per 16-byte chunk.
+- a persistent grid of BLOCKS blocks per multiprocessor (0: one block per WARPS * ROWS rows).
+- programmatic dependent launch (Hopper) is built in but off by default (SHARDLINE_GEMV_PDL=1):
+  the first chunks of weights load before `griddepcontrol.wait`, so a kernel could stream while
+  the one before it finishes. Measured on the H200 (docs/benchmarks.md), it made the batch-1
+  stack 14% slower, not faster. CuPy's launcher cannot set the launch attribute, so `_launch`
+  calls `cuLaunchKernelEx` from the driver.
+
+Widening: int8 by the float trick (0x4B000000 | (q + 128) is 2^23 + 128 + q as fp32), fp8 e4m3 by
+the hardware pair conversion to fp16. Rounding follows triton_gemv.py (and so the unfused path):
+x + residual is rounded to x's dtype, the normed input stays fp32, the gate, silu and up values
+are rounded where the unfused kernels round them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from ._dispatch import sm_count, use_gemv_pdl
+
+SOURCE = r"""
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+__device__ __forceinline__ float x2f(u16 h) {
+#if X_FP16
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+#else
+    return __uint_as_float(((u32)h) << 16);
+#endif
+}
+__device__ __forceinline__ u16 f2x(float f) {
+    u16 h;
+#if X_FP16
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+#else
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+#endif
+    return h;
+}
+__device__ __forceinline__ float round_x(float f) { return x2f(f2x(f)); }
+
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// Elements of x (and of a weight chunk) per 16-byte weight chunk.
+#if W_BYTES == 1
+#define EPC 16
+#else
+#define EPC 8
+#endif
+
+// Weight element e (0 .. EPC-1) of a 16-byte chunk, as fp32 (before the row scale).
+__device__ __forceinline__ float widen(const uint4& w, int e) {
+    const int i = e / (EPC / 4);
+    const u32 word = i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
+#if W_BYTES == 1
+    const int b = e & 3;
+#if W_FP8
+    u32 h2; const u16 pair = (u16)(word >> (16 * (b >> 1)));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(pair));
+    float f; const u16 h = (u16)(h2 >> (16 * (b & 1)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
+    // 0x4B000000 | (q + 128) is the fp32 2^23 + 128 + q.
+    return __uint_as_float(__byte_perm(word ^ 0x80808080u, 0x4B000000u, 0x7540u | b)) - 8388736.0f;
+#endif
+#else
+    return x2f((u16)(word >> (16 * (e & 1))));
+#endif
+}
+
+// Eight 16-bit values of x's dtype <-> fp32.
+__device__ __forceinline__ void unpack8(const uint4& v, float* f) {
+    const u32 words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = x2f((u16)(words[i] & 0xffffu));
+        f[2 * i + 1] = x2f((u16)(words[i] >> 16));
+    }
+}
+__device__ __forceinline__ uint4 pack8(const float* f) {
+    u32 words[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) words[i] = (u32)f2x(f[2 * i]) | ((u32)f2x(f[2 * i + 1]) << 16);
+    return make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+#define NW (ROWS * (GLU ? 2 : 1))
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __restrict__ res,
+     const uint4* __restrict__ norm_w, uint4* __restrict__ res_out, const u16* __restrict__ scale,
+     const u16* __restrict__ bias, u16* __restrict__ out, int N, int K, float eps)
+{
+    // x as the product reads it (fp32, after the residual add and norm weight), stored so that
+    // float4 j of 16-byte chunk c sits at xs[j * chunks + c]: lanes read consecutive float4s.
+    extern __shared__ float4 xs[];
+    __shared__ float partial_sq[WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int chunks = K / EPC;
+    const int groups = (N + WARPS * ROWS - 1) / (WARPS * ROWS);  // of WARPS * ROWS rows
+
+    const uint4* rows[NW];
+    uint4 wv[UNROLL][NW];
+#define SET_ROWS(group)                                                           \
+    _Pragma("unroll") for (int r = 0; r < ROWS; ++r) {                            \
+        const int n = min(((group) * WARPS + warp) * ROWS + r, N - 1);            \
+        rows[r] = w + (size_t)n * chunks;                                         \
+        if (GLU) rows[NW - ROWS + r] = w + (size_t)(N + n) * chunks;              \
+    }
+#define LOAD_WEIGHTS(c0)                                                          \
+    _Pragma("unroll") for (int u = 0; u < UNROLL; ++u) {                          \
+        const int c = (c0) + 32 * u;                                              \
+        _Pragma("unroll") for (int r = 0; r < NW; ++r)                            \
+            wv[u][r] = c < chunks ? load_stream(rows[r] + c) : make_uint4(0, 0, 0, 0); \
+    }
+
+    int group = blockIdx.x;
+    SET_ROWS(group)
+    LOAD_WEIGHTS(lane)  // independent of the kernel before: streams before the wait
+#if USE_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+
+    float sum_sq = 0.f;
+    for (int q = threadIdx.x; q < K / 8; q += WARPS * 32) {
+        float v[8];
+        unpack8(x[q], v);
+        if (HAS_RES) {
+            float r[8];
+            unpack8(res[q], r);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = round_x(v[i] + r[i]);
+            if (blockIdx.x == 0) res_out[q] = pack8(v);
+        }
+        if (NORM) {
+            float g[8];
+            unpack8(norm_w[q], g);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                sum_sq = fmaf(v[i], v[i], sum_sq);
+                v[i] *= g[i];
+            }
+        }
+        const int c = q / (EPC / 8), j = 2 * (q % (EPC / 8));
+        xs[j * chunks + c] = make_float4(v[0], v[1], v[2], v[3]);
+        xs[(j + 1) * chunks + c] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+    float rstd = 1.f;
+    if (NORM) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, off);
+        if (lane == 0) partial_sq[warp] = sum_sq;
+    }
+    __syncthreads();
+    if (NORM) {
+        sum_sq = 0.f;
+#pragma unroll
+        for (int i = 0; i < WARPS; ++i) sum_sq += partial_sq[i];
+        rstd = rsqrtf(sum_sq / K + eps);
+    }
+
+    for (;;) {
+        float acc[NW];
+#pragma unroll
+        for (int r = 0; r < NW; ++r) acc[r] = 0.f;
+        for (int c0 = lane;;) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int c = c0 + 32 * u;
+                if (c >= chunks) break;
+                float xf[EPC];
+#pragma unroll
+                for (int j = 0; j < EPC / 4; ++j) {
+                    const float4 v = xs[j * chunks + c];
+                    xf[4 * j] = v.x; xf[4 * j + 1] = v.y; xf[4 * j + 2] = v.z; xf[4 * j + 3] = v.w;
+                }
+#pragma unroll
+                for (int r = 0; r < NW; ++r)
+#pragma unroll
+                    for (int e = 0; e < EPC; ++e) acc[r] = fmaf(widen(wv[u][r], e), xf[e], acc[r]);
+            }
+            c0 += 32 * UNROLL;
+            if (c0 >= chunks) break;
+            LOAD_WEIGHTS(c0)
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+            for (int r = 0; r < NW; ++r) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const int n = (group * WARPS + warp) * ROWS + r;
+            if (lane != r || n >= N) continue;
+            float y = acc[r] * rstd;
+            if (HAS_SCALE) y *= x2f(scale[n]);
+            if (HAS_BIAS) y += x2f(bias[n]);
+            if (GLU) {
+                float up = acc[NW - ROWS + r] * rstd;
+                if (HAS_SCALE) up *= x2f(scale[N + n]);
+                if (HAS_BIAS) up += x2f(bias[N + n]);
+                const float g = round_x(y);
+                y = round_x(g / (1.f + __expf(-g))) * round_x(up);
+            }
+            out[n] = f2x(y);
+        }
+        group += gridDim.x;
+        if (group >= groups) break;
+        SET_ROWS(group)
+        LOAD_WEIGHTS(lane)
+    }
+}
+"""
+
+# Tiles: warps per block, output rows per warp, 16-byte chunks in flight per row and lane, and
+# blocks per multiprocessor (0: one block per WARPS * ROWS rows; else a persistent grid of that
+# many blocks per multiprocessor, which leaves room for the next kernel's blocks to load ahead).
+DEFAULT_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=2)
+DEFAULT_GLU_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=2, BLOCKS=2)
+
+
+def available() -> bool:
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def operands_fit(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
+    """The kernel's operand rules, on any device: one fp16/bf16 row, a contiguous 16-bit weight
+    (or a 1-byte one with a scale) made of whole 16-byte chunks per row, scale and bias in x's dtype."""
+    w_bytes = weight.element_size()
+    return (x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16)
+            and w_bytes in (1, 2) and (w_bytes == 1) == (scale is not None)
+            and (w_bytes == 1 or weight.dtype == x.dtype) and weight.is_contiguous()
+            and weight.shape[1] % (16 // w_bytes) == 0 and weight.data_ptr() % 16 == 0
+            and all(t is None or t.dtype == x.dtype for t in (scale, bias)))
+
+
+def fits(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
+    """Whether the kernel runs for these operands here: a CUDA device, CuPy, and `operands_fit`."""
+    return x.is_cuda and operands_fit(x, weight, scale, bias) and available()
+
+
+def defines(*, x_fp16: bool, w_bytes: int, fp8: bool, norm: bool, res: bool, glu: bool,
+            scale: bool, bias: bool, pdl: bool, WARPS: int, ROWS: int, UNROLL: int, **launch) -> str:
+    flags = dict(X_FP16=x_fp16, W_BYTES=w_bytes, W_FP8=fp8, NORM=norm, HAS_RES=res, GLU=glu,
+                 HAS_SCALE=scale, HAS_BIAS=bias, USE_PDL=pdl, WARPS=WARPS, ROWS=ROWS, UNROLL=UNROLL)
+    return "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
+
+
+_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_DEFAULT_SHARED_LIMIT = 48 << 10
+
+
+@functools.cache
+def _kernel(source_defines: str, device_index: int) -> int:
+    """The compiled kernel's CUfunction, allowed the shared memory a Llama-size K needs."""
+    import cupy
+    with cupy.cuda.Device(device_index):
+        module = cupy.RawModule(code=source_defines + SOURCE, options=("-std=c++17",))
+        kernel = module.get_function("gemv")
+        function = getattr(kernel, "kernel", kernel).ptr  # CuPy 14 hands out a RawKernel around it
+    _check(_driver().cuFuncSetAttribute(ctypes.c_void_p(function), _MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                        200 << 10), "cuFuncSetAttribute")
+    return function
+
+
+def _check(err: int, what: str) -> None:
+    if err != 0:
+        raise RuntimeError(f"{what} failed with CUresult {err}")
+
+
+class _LaunchAttrValue(ctypes.Union):
+    _fields_ = [("pad", ctypes.c_uint64 * 8), ("flag", ctypes.c_int)]
+
+
+class _LaunchAttr(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _LaunchAttrValue)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttr)), ("numAttrs", ctypes.c_uint)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+@functools.cache
+def _driver():
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
+                                     ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
+    lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    return lib
+
+
+def _launch(function: int, grid: int, block: int, shared: int, stream: int, args: list, pdl: bool) -> None:
+    attr = _LaunchAttr(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value.flag = 1
+    config = _LaunchConfig(grid, 1, 1, block, 1, 1, shared, stream, ctypes.pointer(attr), 1 if pdl else 0)
+    params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+    _check(_driver().cuLaunchKernelEx(ctypes.byref(config), ctypes.c_void_p(function), params, None),
+           f"cuLaunchKernelEx (grid {grid}, block {block}, {shared} B shared)")
+
+
+def _aligned(t: torch.Tensor | None) -> torch.Tensor | None:
+    """t, or a contiguous copy where the kernel's 16-byte loads need one."""
+    if t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def fused_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
+                      bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
+                      residual: torch.Tensor | None, eps: float, glu: bool,
+                      config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(y [1, N], new residual or None); the operands satisfy `fits`."""
+    K = x.shape[1]
+    N = weight.shape[0] // 2 if glu else weight.shape[0]
+    assert weight.shape[1] == K, f"weight is {tuple(weight.shape)}, x has {K} columns"
+    tiles = dict(DEFAULT_GLU_CONFIG if glu else DEFAULT_CONFIG)
+    tiles.update((k, v) for k, v in (config or {}).items() if k != "backend")
+    pdl = use_gemv_pdl(x)
+    src = defines(x_fp16=x.dtype == torch.float16, w_bytes=weight.element_size(),
+                  fp8=weight.dtype == torch.float8_e4m3fn, norm=norm_weight is not None, res=residual is not None,
+                  glu=glu, scale=scale is not None, bias=bias is not None, pdl=pdl, **tiles)
+    function = _kernel(src, x.device.index if x.device.index is not None else torch.cuda.current_device())
+    x, residual, norm_weight = (_aligned(t) for t in (x, residual, norm_weight))
+    out = torch.empty((1, N), dtype=x.dtype, device=x.device)
+    res_out = torch.empty_like(x) if residual is not None else None
+    ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
+    args = [ptr(weight), ptr(x), ptr(residual), ptr(norm_weight), ptr(res_out), ptr(scale), ptr(bias), ptr(out),
+            ctypes.c_int(N), ctypes.c_int(K), ctypes.c_float(eps)]
+    rows_per_block = tiles["WARPS"] * tiles["ROWS"]
+    grid = (N + rows_per_block - 1) // rows_per_block
+    if tiles["BLOCKS"]:
+        grid = min(grid, tiles["BLOCKS"] * sm_count(x))
+    _launch(function, grid, 32 * tiles["WARPS"], 4 * K, torch.cuda.current_stream(x.device).cuda_stream, args, pdl)
+    return out, res_out
