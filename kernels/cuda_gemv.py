@@ -240,8 +240,10 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 # Tiles: warps per block, output rows per warp, 16-byte chunks in flight per row and lane, and
 # blocks per multiprocessor (0: one block per WARPS * ROWS rows; else a persistent grid of that
 # many blocks per multiprocessor, which leaves room for the next kernel's blocks to load ahead).
-DEFAULT_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=2)
-DEFAULT_GLU_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=2, BLOCKS=2)
+# The defaults won the batch-1 stack sweep on the H200 (`python benchmarks/gemv_bench.py --sweep`,
+# docs/benchmarks.md): fastest in bf16, within 1% of the fastest in int8.
+DEFAULT_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0)
+DEFAULT_GLU_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=2, BLOCKS=0)
 
 
 def available() -> bool:
