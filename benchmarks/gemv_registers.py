@@ -1,8 +1,9 @@
-"""Registers and spills of the decode GEMV's variants, compiled for sm_90 on any machine (no GPU):
-Triton lowers the kernel to PTX and its bundled `ptxas -v` reports what each thread holds.
+"""Registers and spills of the decode GEMVs' variants, compiled for sm_90 on any machine (no GPU):
+Triton lowers its kernel to PTX, NVRTC the CUDA C one, and Triton's bundled `ptxas -v` reports
+what each thread holds.
 
-    pip install triton   # CPU machines: the wheel carries ptxas
-    python benchmarks/gemv_registers.py
+    pip install triton nvidia-cuda-nvrtc-cu12   # CPU machines: the triton wheel carries ptxas
+    python benchmarks/gemv_registers.py [--cuda]
 
 A tile with more than ~128 registers a thread halves the programs resident per multiprocessor,
 and a spill puts the accumulator in local memory; both cost a weight stream its bandwidth. The
@@ -29,6 +30,48 @@ VARIANTS = {"bf16": dict(INT8=False, NORM=False, GLU=False), "bf16+norm": dict(I
             "int8+norm+glu": dict(INT8=True, NORM=True, GLU=True)}
 
 
+def _ptxas(ptx: str) -> tuple[int, int]:
+    """(registers per thread, spill-store bytes) of the one kernel in `ptx`, for sm_90a."""
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "k.ptx").write_text(ptx)
+        log = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
+                             capture_output=True, text=True, check=True).stderr
+    return int(re.search(r"Used (\d+) registers", log).group(1)), int(re.search(r"(\d+) bytes spill stores", log).group(1))
+
+
+def cuda_usage(tiles: dict, w_bytes: int, fp8: bool, norm: bool, glu: bool) -> tuple[int, int]:
+    from shardline.kernels import cuda_gemv
+    ptx = cuda_gemv.compile_ptx(cuda_gemv.defines(x_fp16=False, w_bytes=w_bytes, fp8=fp8, norm=norm, res=norm,
+                                                  glu=glu, scale=w_bytes == 1, bias=False, pdl=False, **tiles))
+    # NVRTC may be newer than Triton's ptxas; the instructions this kernel uses are older than both.
+    return _ptxas(re.sub(r"^\.version \d+\.\d+", ".version 8.0", ptx, count=1, flags=re.M))
+
+
+CUDA_VARIANTS = {"bf16": dict(w_bytes=2, fp8=False, norm=False, glu=False),
+                 "bf16+norm": dict(w_bytes=2, fp8=False, norm=True, glu=False),
+                 "bf16+norm+glu": dict(w_bytes=2, fp8=False, norm=True, glu=True),
+                 "int8": dict(w_bytes=1, fp8=False, norm=False, glu=False),
+                 "int8+norm+glu": dict(w_bytes=1, fp8=False, norm=True, glu=True),
+                 "fp8+norm+glu": dict(w_bytes=1, fp8=True, norm=True, glu=True)}
+
+
+def main_cuda() -> None:
+    """The CUDA C GEMV at `shardline tune-gemm`'s tiles (gate/up variants at half the chunks, as
+    benchmarks/gemv_bench.py runs them)."""
+    from shardline.gemm_tuning import GEMV_CONFIGS
+    print(f"{'warps':>5} {'rows':>4} {'unroll':>6} {'blocks':>6}  " + "  ".join(f"{v:>14}" for v in CUDA_VARIANTS))
+    for cfg in (c for c in GEMV_CONFIGS if c["backend"] == "cuda"):
+        tiles = {k: v for k, v in cfg.items() if k != "backend"}
+        cells = []
+        for flags in CUDA_VARIANTS.values():
+            t = dict(tiles, UNROLL=max(1, tiles["UNROLL"] // 2)) if flags["glu"] else tiles
+            regs, spill = cuda_usage(t, **flags)
+            cells.append(f"{regs}" + (f" spill {spill}B" if spill else ""))
+        print(f"{tiles['WARPS']:>5} {tiles['ROWS']:>4} {tiles['UNROLL']:>6} {tiles['BLOCKS']:>6}  "
+              + "  ".join(f"{c:>14}" for c in cells), flush=True)
+
+
 def ptxas_usage(block_n: int, block_k: int, num_warps: int, INT8: bool, NORM: bool, GLU: bool) -> tuple[int, int]:
     """(registers per thread, spill-store bytes) of one variant."""
     sig = {name: "*bf16" for name in ("x_ptr", "res_ptr", "norm_ptr", "res_out_ptr", "scale_ptr", "bias_ptr", "out_ptr")}
@@ -40,12 +83,7 @@ def ptxas_usage(block_n: int, block_k: int, num_warps: int, INT8: bool, NORM: bo
     attrs = {(order.index(n),): [["tt.divisibility", 16]] for n in sig if sig[n] != "constexpr" and n != "eps"}
     src = ASTSource(fn=_gemv_kernel, signature={n: sig[n] for n in order}, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 1})
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "k.ptx").write_text(kernel.asm["ptx"])
-        log = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
-                             capture_output=True, text=True, check=True).stderr
-    return int(re.search(r"Used (\d+) registers", log).group(1)), int(re.search(r"(\d+) bytes spill stores", log).group(1))
+    return _ptxas(kernel.asm["ptx"])
 
 
 def main() -> None:
@@ -62,4 +100,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+    main_cuda() if "--cuda" in sys.argv[1:] else main()

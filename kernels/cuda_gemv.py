@@ -277,6 +277,54 @@ def defines(*, x_fp16: bool, w_bytes: int, fp8: bool, norm: bool, res: bool, glu
     return "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
 
 
+def compile_ptx(source_defines: str, arch: str = "compute_90") -> str:
+    """The kernel's PTX from NVRTC, with no GPU needed (the CPU tests and
+    benchmarks/gemv_registers.py); NVRTC from the nvidia-cuda-nvrtc wheel or the system."""
+    lib = _nvrtc()
+    prog = ctypes.c_void_p()
+    _check_nvrtc(lib.nvrtcCreateProgram(ctypes.byref(prog), (source_defines + SOURCE).encode(), b"gemv.cu",
+                                        0, None, None), "nvrtcCreateProgram")
+    try:
+        opts = [b"-std=c++17", b"--gpu-architecture=" + arch.encode()]
+        err = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+        size = ctypes.c_size_t()
+        if err != 0:
+            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            lib.nvrtcGetProgramLog(prog, log)
+            raise RuntimeError(f"NVRTC could not compile the GEMV:\n{log.value.decode()}")
+        lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+        ptx = ctypes.create_string_buffer(size.value)
+        _check_nvrtc(lib.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+        return ptx.value.decode()
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+@functools.cache
+def _nvrtc():
+    import ctypes.util
+    import glob
+    import os
+    candidates = []
+    try:
+        import nvidia.cuda_nvrtc
+        for root in nvidia.cuda_nvrtc.__path__:
+            candidates += sorted(glob.glob(os.path.join(root, "lib", "libnvrtc.so.*")))
+    except ImportError:
+        pass
+    candidates += [c for c in (ctypes.util.find_library("nvrtc"),) if c]
+    for path in candidates:
+        if ".alt." not in path:
+            return ctypes.CDLL(path)
+    raise ImportError("NVRTC not found: pip install nvidia-cuda-nvrtc-cu12 (no GPU needed)")
+
+
+def _check_nvrtc(err: int, what: str) -> None:
+    if err != 0:
+        raise RuntimeError(f"{what} failed with nvrtcResult {err}")
+
+
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _DEFAULT_SHARED_LIMIT = 48 << 10
 

@@ -1,0 +1,57 @@
+"""The CUDA C GEMV's source compiles for sm_90 in every variant the engine can ask for, on a machine
+without a GPU (NVRTC only); its numerics are checked on the GPU in test_gemv.py."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from shardline.kernels import cuda_gemv
+
+try:
+    cuda_gemv._nvrtc()
+    NVRTC = True
+except ImportError:
+    NVRTC = False
+
+needs_nvrtc = pytest.mark.skipif(not NVRTC, reason="NVRTC missing (scripts/setup.sh installs nvidia-cuda-nvrtc-cu12)")
+
+WEIGHTS = {"bf16": dict(w_bytes=2, fp8=False, scale=False), "int8": dict(w_bytes=1, fp8=False, scale=True),
+           "fp8": dict(w_bytes=1, fp8=True, scale=True)}
+FUSIONS = {"plain": dict(norm=False, res=False, glu=False), "norm_res": dict(norm=True, res=True, glu=False),
+           "norm_res_glu": dict(norm=True, res=True, glu=True), "glu": dict(norm=False, res=False, glu=True)}
+
+
+def _ptx(weights: str, fusion: str, *, x_fp16=False, bias=False, pdl=False, tiles=None) -> str:
+    glu = FUSIONS[fusion]["glu"]
+    tiles = tiles or (cuda_gemv.DEFAULT_GLU_CONFIG if glu else cuda_gemv.DEFAULT_CONFIG)
+    return cuda_gemv.compile_ptx(cuda_gemv.defines(x_fp16=x_fp16, bias=bias, pdl=pdl, **WEIGHTS[weights],
+                                                   **FUSIONS[fusion], **tiles))
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("weights,fusion", list(itertools.product(WEIGHTS, FUSIONS)))
+def test_every_variant_compiles_and_streams_past_l1(weights, fusion):
+    ptx = _ptx(weights, fusion, x_fp16=weights == "int8", bias=fusion == "glu")
+    assert ".entry gemv" in ptx
+    assert "ld.global.nc.L1::no_allocate" in ptx, "the weights must bypass L1"
+    assert ("cvt.rn.f16x2.e4m3x2" in ptx) == (weights == "fp8")
+    assert "griddepcontrol" not in ptx, "PDL is off unless asked for"
+
+
+@needs_nvrtc
+def test_pdl_variant_waits_before_reading_x():
+    ptx = _ptx("bf16", "norm_res", pdl=True)
+    wait = ptx.index("griddepcontrol.wait")
+    first_weight_load = ptx.index("ld.global.nc.L1::no_allocate")
+    assert first_weight_load < wait, "the first weights stream before the wait"
+    x_loads = [m.start() for m in re.finditer(r"ld\.global\.nc\.v4", ptx)]  # x, residual, norm weight
+    assert x_loads and min(x_loads) > wait, "x is read only after the kernel before has finished"
+
+
+@needs_nvrtc
+def test_a_source_error_names_the_compiler_log():
+    with pytest.raises(RuntimeError, match="NVRTC could not compile"):
+        cuda_gemv.compile_ptx("#define WARPS 8\n")  # the other tile constants are missing
