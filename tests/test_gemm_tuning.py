@@ -54,3 +54,20 @@ def test_tune_picks_a_candidate_no_slower_than_cublas():
     t, report = tune({"o_proj": (1024, 1024)}, [1, 16], torch.bfloat16, "none", torch.device("cuda"))
     assert all(r["best_us"] <= r["default_us"] for r in report)
     assert t.choice(1024, 1024, torch.bfloat16, torch.bfloat16, 1) is not None
+
+
+def test_one_row_runs_the_gemv_by_default_and_a_table_overrides_it(monkeypatch):
+    from shardline.kernels import cuda_gemv, gemv
+    from shardline.model.layers import Linear
+    monkeypatch.setattr(gemv, "fits", lambda x, w: x.shape[0] == 1)  # as on a GPU with Triton ...
+    monkeypatch.setattr(cuda_gemv, "fits", lambda x, w, scale, bias: True)  # ... and CuPy
+    lin = Linear(torch.zeros(4096, 4096, dtype=torch.bfloat16))
+    one, two = torch.zeros(1, 4096, dtype=torch.bfloat16), torch.zeros(2, 4096, dtype=torch.bfloat16)
+    assert lin.uses_gemv(one) and not lin.uses_gemv(two)
+    lin.gemms = table()
+    assert not lin.uses_gemv(one), "the table chose the split-K kernel at M = 1"
+    lin.gemms.entries[key(4096, 4096, torch.bfloat16, torch.bfloat16)][1] = {"impl": "gemv", "config": {"backend": "cuda"}}
+    assert lin.uses_gemv(one)
+    lin.gemms = None
+    monkeypatch.setattr(cuda_gemv, "fits", lambda x, w, scale, bias: False)
+    assert not lin.uses_gemv(one), "without the CUDA kernel (no CuPy) the default is cuBLAS"

@@ -103,8 +103,9 @@ class DecoderLayer:
     def _decode(self, h: torch.Tensor, residual: torch.Tensor | None, meta: StepMetadata,
                 k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The same layer for one row (batch-1 decode) as GEMV kernels, each norm fused into the
-        product after it and SwiGLU into the gate/up product (kernels/gemv.py). Taken when
-        `tune-gemm` chose the GEMV for the qkv projection; the fused products then go with it."""
+        product after it and SwiGLU into the gate/up product (kernels/gemv.py). Taken when the qkv
+        projection runs the GEMV (`Linear.uses_gemv`: by default, or as `tune-gemm` chose); the
+        fused products then go with it."""
         n1, n2 = self.input_norm, self.post_attention_norm
         qkv, new_residual = self.qkv_proj.fused(h, n1.weight, n1.eps, residual)
         residual = h if residual is None else new_residual
