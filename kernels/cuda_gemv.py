@@ -204,10 +204,20 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
                 for (int r = 0; r < NW; ++r)
 #pragma unroll
                     for (int e = 0; e < EPC; ++e) acc[r] = fmaf(widen(wv[u][r], e), xf[e], acc[r]);
+#if PIPE
+                // Rolling: refill the slot just used with the chunk UNROLL slots ahead, so
+                // UNROLL - 1 loads per row stay in flight through the whole row.
+                const int ahead = c + 32 * UNROLL;
+#pragma unroll
+                for (int r = 0; r < NW; ++r)
+                    wv[u][r] = ahead < chunks ? load_stream(rows[r] + ahead) : make_uint4(0, 0, 0, 0);
+#endif
             }
             c0 += 32 * UNROLL;
             if (c0 >= chunks) break;
-            LOAD_WEIGHTS(c0)
+#if !PIPE
+            LOAD_WEIGHTS(c0)  // batched: all UNROLL chunks of the next step at once
+#endif
         }
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1)
@@ -237,9 +247,10 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 }
 """
 
-# Tiles: warps per block, output rows per warp, 16-byte chunks in flight per row and lane, and
-# blocks per multiprocessor (0: one block per WARPS * ROWS rows; else a persistent grid of that
-# many blocks per multiprocessor, which leaves room for the next kernel's blocks to load ahead).
+# Tiles: warps per block, output rows per warp, 16-byte chunks in flight per row and lane, blocks
+# per multiprocessor (0: one block per WARPS * ROWS rows; else a persistent grid of that many
+# blocks per multiprocessor), and PIPE: 0 loads a step's UNROLL chunks together after using the
+# last step's, 1 refills each chunk's registers as soon as it is used (not yet timed on a GPU).
 # The defaults won the batch-1 stack sweep on the H200 (`python benchmarks/gemv_bench.py --sweep`,
 # docs/benchmarks.md): fastest in bf16, within 1% of the fastest in int8.
 DEFAULT_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0)
@@ -271,9 +282,10 @@ def fits(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias
 
 
 def defines(*, x_fp16: bool, w_bytes: int, fp8: bool, norm: bool, res: bool, glu: bool,
-            scale: bool, bias: bool, pdl: bool, WARPS: int, ROWS: int, UNROLL: int, **launch) -> str:
+            scale: bool, bias: bool, pdl: bool, WARPS: int, ROWS: int, UNROLL: int, PIPE: int = 0,
+            **launch) -> str:
     flags = dict(X_FP16=x_fp16, W_BYTES=w_bytes, W_FP8=fp8, NORM=norm, HAS_RES=res, GLU=glu,
-                 HAS_SCALE=scale, HAS_BIAS=bias, USE_PDL=pdl, WARPS=WARPS, ROWS=ROWS, UNROLL=UNROLL)
+                 HAS_SCALE=scale, HAS_BIAS=bias, USE_PDL=pdl, WARPS=WARPS, ROWS=ROWS, UNROLL=UNROLL, PIPE=PIPE)
     return "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
 
 

@@ -4,11 +4,13 @@ GPU, keep the fastest, and let the stage worker load the choice.
     shardline tune-gemm --shape llama3-8b --batches 1,16,64,256 --out gemm-h200.json
     python -m shardline.stage_worker ... --gemm-config gemm-h200.json
 
-Candidates per (N, K, weight dtype, batch rows M): cuBLAS (torch's F.linear, or int8/fp8 dequantise +
-cuBLAS), the split-K small-M Triton kernel (kernels/triton_quant.py) and, for M = 1, the decode
-GEMV (kernels/triton_gemv.py) in the fused form the engine runs it (RMSNorm before qkv, the head
-and gate/up; SwiGLU after gate/up), each at a few tile configurations, each timed as CUDA-graph
-replays (as the engine runs decode). The file is keyed by
+Candidates per (N, K, weight dtype, batch rows M): the default (cuBLAS's F.linear; for int8/fp8
+weights, the split-K kernel's default tiles), the split-K small-M Triton kernel
+(kernels/triton_quant.py) and, for M = 1, the decode GEMV (kernels/triton_gemv.py and
+cuda_gemv.py) in the fused form the engine runs it (RMSNorm before qkv, the head and gate/up;
+SwiGLU after gate/up), each at a few tile configurations. A candidate's output must first agree
+with the reference (`agrees`); then it is timed as CUDA-graph replays, as the engine runs decode.
+The file is keyed by
 GPU name; on another GPU, or when the file is missing, the engine warns and keeps its defaults.
 A call with M rows uses the entry of the smallest tuned M >= M (decode graphs run at exactly the
 bucket sizes); above the largest, the default path.
@@ -39,6 +41,8 @@ GEMV_CONFIGS = [dict(backend="triton", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_
 GEMV_CONFIGS += [dict(backend="cuda", WARPS=w, ROWS=r, UNROLL=u, BLOCKS=b) for w, r, u, b in (
     (8, 2, 4, 2), (8, 2, 4, 1), (8, 2, 4, 3), (8, 2, 4, 0), (8, 1, 8, 2), (8, 1, 4, 2), (4, 2, 4, 4),
     (16, 2, 4, 1), (8, 4, 2, 2))]
+GEMV_CONFIGS += [dict(backend="cuda", WARPS=w, ROWS=r, UNROLL=u, BLOCKS=0, PIPE=1) for w, r, u in (
+    (8, 2, 4), (8, 1, 8), (8, 2, 6), (4, 2, 4))]
 # How the engine runs each linear through the GEMV: (RMSNorm fused before, SwiGLU fused after).
 GEMV_FUSION = {"qkv_proj": (True, False), "o_proj": (False, False), "up_proj": (True, True),
                "down_proj": (False, False), "lm_head": (True, False)}
@@ -111,11 +115,21 @@ def _time_graph_us(fn, copies: int, reps: int = 24) -> float:
 
 
 def _gemv_runner(x: torch.Tensor, ws: list[torch.Tensor], scale: torch.Tensor | None, norm: bool, glu: bool):
-    from shardline.kernels.gemv import fused_linear
+    """(run(i, config) -> output for weight copy i, the reference output for copy 0)."""
+    from shardline.kernels.gemv import fused_linear, fused_linear_ref
 
-    norm_weight = torch.ones(x.shape[1], dtype=x.dtype, device=x.device) if norm else None
+    norm_weight = (torch.rand(x.shape[1], dtype=x.dtype, device=x.device) + 0.5) if norm else None
     residual = torch.randn_like(x) if norm else None
-    return lambda i, cfg: fused_linear(x, ws[i], scale, None, norm_weight, residual, 1e-5, glu, cfg)
+    reference = fused_linear_ref(x, ws[0], scale, None, norm_weight, residual, 1e-5, glu)[0]
+    return (lambda i, cfg: fused_linear(x, ws[i], scale, None, norm_weight, residual, 1e-5, glu, cfg)[0]), reference
+
+
+def agrees(out: torch.Tensor, reference: torch.Tensor, tol: float = 2e-2) -> bool:
+    """A candidate's output is the reference's within `tol` of its largest magnitude (the kernels
+    differ in summation order and, for int8/fp8, in where the scale is applied)."""
+    out, reference = out.float(), reference.float()
+    return out.shape == reference.shape and bool(
+        torch.isfinite(out).all() and ((out - reference).abs().max() <= tol * reference.abs().max().clamp_min(1e-6)))
 
 
 def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.dtype, quantization: str,
@@ -138,19 +152,24 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
         for m in batches:
             x = torch.randn(m, k, device=device, dtype=x_dtype)
             if scale is None:
-                cublas_us = _time_graph_us(lambda i: torch.nn.functional.linear(x, ws[i]), copies)
+                default = lambda i: torch.nn.functional.linear(x, ws[i])  # noqa: E731
             else:
-                cublas_us = _time_graph_us(lambda i: quant.quantized_linear(x, ws[i], scale), copies)
+                default = lambda i: quant.quantized_linear(x, ws[i], scale)  # noqa: E731
+            cublas_us = _time_graph_us(default, copies)
             best = {"impl": "cublas", "config": None, "us": cublas_us}
-            candidates = [("triton", cfg, lambda i, c=cfg: quant.small_m_linear(x, ws[i], scale, None, c))
+            reference = default(0)
+            candidates = [("triton", cfg, lambda i, c=cfg: quant.small_m_linear(x, ws[i], scale, None, c), reference)
                           for cfg in (TRITON_CONFIGS if m <= 64 else [])]
             if gemv.fits(x, w) and name in GEMV_FUSION:
-                run_gemv = _gemv_runner(x, ws, scale, *GEMV_FUSION[name])
-                candidates += [("gemv", cfg, lambda i, c=cfg: run_gemv(i, c)) for cfg in GEMV_CONFIGS
+                run_gemv, gemv_reference = _gemv_runner(x, ws, scale, *GEMV_FUSION[name])
+                candidates += [("gemv", cfg, lambda i, c=cfg: run_gemv(i, c), gemv_reference) for cfg in GEMV_CONFIGS
                                if cfg["backend"] == "triton" or cuda_gemv.fits(x, w, scale, None)]
             gemv_best = None
-            for impl, cfg, fn in candidates:
+            for impl, cfg, fn, ref in candidates:
                 try:
+                    if not agrees(fn(0), ref):
+                        log.warning("%s config %s: output differs from the reference; not a candidate", impl, cfg)
+                        continue
                     us = _time_graph_us(fn, copies)
                 except Exception as e:  # noqa: BLE001 - a config that does not compile is not a candidate
                     log.warning("%s config %s failed: %s", impl, cfg, str(e).splitlines()[0] if str(e) else e)

@@ -71,3 +71,16 @@ def test_one_row_runs_the_gemv_by_default_and_a_table_overrides_it(monkeypatch):
     lin.gemms = None
     monkeypatch.setattr(cuda_gemv, "fits", lambda x, w, scale, bias: False)
     assert not lin.uses_gemv(one), "without the CUDA kernel (no CuPy) the default is cuBLAS"
+
+
+def test_a_candidate_must_agree_with_the_reference_to_be_timed():
+    from shardline.gemm_tuning import agrees
+    ref = torch.randn(4, 300)
+    assert agrees(ref + 1e-3 * ref.abs().max() * torch.randn_like(ref).clamp(-1, 1), ref)
+    wrong = ref.clone()
+    wrong[2, 17] += 0.1 * ref.abs().max()
+    assert not agrees(wrong, ref), "one wrong element is enough"
+    nan = ref.clone()
+    nan[0, 0] = float("nan")
+    assert not agrees(nan, ref)
+    assert not agrees(ref[:, :299], ref), "a wrong shape"

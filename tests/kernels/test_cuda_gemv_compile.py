@@ -42,6 +42,27 @@ def test_every_variant_compiles_and_streams_past_l1(weights, fusion):
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("weights", list(WEIGHTS))
+def test_the_rolling_pipeline_compiles(weights):
+    batched = _ptx(weights, "norm_res_glu", tiles=dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0, PIPE=0))
+    rolling = _ptx(weights, "norm_res_glu", tiles=dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0, PIPE=1))
+    assert _longest_fma_run(rolling) * 2 < _longest_fma_run(batched), \
+        "the rolling pipeline refills each chunk's registers right after using them, between the FMAs"
+
+
+def _longest_fma_run(ptx: str) -> int:
+    """The most fp32 FMAs in a row with no weight load between them."""
+    best = run = 0
+    for line in ptx.splitlines():
+        if "fma.rn.f32" in line:
+            run += 1
+            best = max(best, run)
+        elif "ld.global.nc.L1::no_allocate" in line:
+            run = 0
+    return best
+
+
+@needs_nvrtc
 def test_pdl_variant_waits_before_reading_x():
     ptx = _ptx("bf16", "norm_res", pdl=True)
     wait = ptx.index("griddepcontrol.wait")

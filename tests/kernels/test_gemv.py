@@ -101,13 +101,14 @@ def test_cuda_gemv_matches_the_unfused_path(device, N, K, quant, fuse, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("warps,rows,unroll,blocks", [(4, 1, 1, 0), (8, 2, 4, 1), (16, 3, 16, 0), (2, 2, 2, 1)])
-def test_cuda_gemv_tiles(device, warps, rows, unroll, blocks):
+@pytest.mark.parametrize("warps,rows,unroll,blocks,pipe", [(4, 1, 1, 0, 0), (8, 2, 4, 1, 0), (16, 3, 16, 0, 0),
+                                                          (2, 2, 2, 1, 0), (8, 2, 4, 0, 1), (4, 3, 5, 1, 1)])
+def test_cuda_gemv_tiles(device, warps, rows, unroll, blocks, pipe):
     from shardline.kernels import cuda_gemv
     if device == "cpu" or not cuda_gemv.available():
         pytest.skip("the CUDA C GEMV needs a GPU and CuPy")
     x, w, _, kw = _fused_case(device, 301, 1032, "none", "norm_res_glu", torch.bfloat16)
-    cfg = dict(backend="cuda", WARPS=warps, ROWS=rows, UNROLL=unroll, BLOCKS=blocks)
+    cfg = dict(backend="cuda", WARPS=warps, ROWS=rows, UNROLL=unroll, BLOCKS=blocks, PIPE=pipe)
     y, _ = fused_linear(x, w, config=cfg, **kw)
     assert_close(y, fused_linear_ref(x, w, **kw)[0], f"cuda gemv tiles {cfg}")
 
