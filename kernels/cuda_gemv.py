@@ -6,19 +6,19 @@ A batch-1 decode step is a weight stream, and the time it loses is at the edges 
 kernels. This kernel is written for that:
 
 - one warp owns ROWS output rows (both the gate and the up row with GLU) and walks K in 16-byte
-  chunks, lane l taking chunks l, l + 32, ...; UNROLL chunks per row are loaded before any is
-  used, and many warps per multiprocessor keep the memory system full. One warp-shuffle
-  reduction at the end; no shared memory, no split-K partials.
-- weights are read with `ld.global.nc.L1::no_allocate`: they are used once, so they bypass L1
-  and leave it to x, which every warp reads.
+  chunks, lane l taking chunks l, l + 32, ...; UNROLL chunks per row are in flight at a time,
+  and many warps per multiprocessor keep the memory system full. One warp-shuffle reduction at
+  the end; no split-K partials.
+- weights are read with `ld.global.nc.L1::no_allocate`: they are used once, so they bypass L1.
 - x is staged once per block in shared memory as fp32, after the residual add and the norm weight,
   laid out so that the lanes' float4 reads are conflict-free; a warp's inner loop is then one
   weight load, EPC/4 shared loads and the widen-and-FMA per 16-byte chunk.
-- a persistent grid of BLOCKS blocks per multiprocessor (0: one block per WARPS * ROWS rows).
+- BLOCKS > 0 makes the grid persistent, that many blocks per multiprocessor; 0 (the default)
+  gives one block per WARPS * ROWS rows.
 - programmatic dependent launch (Hopper) is built in but off by default (SHARDLINE_GEMV_PDL=1):
   the first chunks of weights load before `griddepcontrol.wait`, so a kernel could stream while
   the one before it finishes. Measured on the H200 (docs/benchmarks.md), it made the batch-1
-  stack 14% slower, not faster. CuPy's launcher cannot set the launch attribute, so `_launch`
+  stack 14–27% slower, not faster. CuPy's launcher cannot set the launch attribute, so `_launch`
   calls `cuLaunchKernelEx` from the driver.
 
 Widening: int8 by the float trick (0x4B000000 | (q + 128) is 2^23 + 128 + q as fp32), fp8 e4m3 by
@@ -257,6 +257,9 @@ DEFAULT_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0)
 DEFAULT_GLU_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=2, BLOCKS=0)
 
 
+MAX_K = 50 << 10  # x is staged as fp32 in shared memory: 200 KB at most (Hopper allows 227 KB)
+
+
 def available() -> bool:
     try:
         import cupy  # noqa: F401
@@ -267,12 +270,13 @@ def available() -> bool:
 
 def operands_fit(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
     """The kernel's operand rules, on any device: one fp16/bf16 row, a contiguous 16-bit weight
-    (or a 1-byte one with a scale) made of whole 16-byte chunks per row, scale and bias in x's dtype."""
+    (or a 1-byte one with a scale) made of whole 16-byte chunks per row and at most MAX_K
+    columns, scale and bias in x's dtype."""
     w_bytes = weight.element_size()
     return (x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16)
             and w_bytes in (1, 2) and (w_bytes == 1) == (scale is not None)
             and (w_bytes == 1 or weight.dtype == x.dtype) and weight.is_contiguous()
-            and weight.shape[1] % (16 // w_bytes) == 0 and weight.data_ptr() % 16 == 0
+            and weight.shape[1] % (16 // w_bytes) == 0 and weight.shape[1] <= MAX_K and weight.data_ptr() % 16 == 0
             and all(t is None or t.dtype == x.dtype for t in (scale, bias)))
 
 
@@ -338,7 +342,6 @@ def _check_nvrtc(err: int, what: str) -> None:
 
 
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-_DEFAULT_SHARED_LIMIT = 48 << 10
 
 
 @functools.cache
@@ -350,7 +353,7 @@ def _kernel(source_defines: str, device_index: int) -> int:
         kernel = module.get_function("gemv")
         function = getattr(kernel, "kernel", kernel).ptr  # CuPy 14 hands out a RawKernel around it
     _check(_driver().cuFuncSetAttribute(ctypes.c_void_p(function), _MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                        200 << 10), "cuFuncSetAttribute")
+                                        4 * MAX_K), "cuFuncSetAttribute")
     return function
 
 

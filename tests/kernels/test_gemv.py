@@ -114,7 +114,7 @@ def test_cuda_gemv_tiles(device, warps, rows, unroll, blocks, pipe):
 
 
 def test_cuda_gemv_operand_rules():
-    from shardline.kernels.cuda_gemv import operands_fit
+    from shardline.kernels.cuda_gemv import MAX_K, operands_fit
     x = torch.randn(1, 32, dtype=torch.bfloat16)
     w = torch.randn(8, 32, dtype=torch.bfloat16)
     w_q, scale = WEIGHT_ONLY["int8-weight-only"][1](w)
@@ -125,6 +125,8 @@ def test_cuda_gemv_operand_rules():
     assert not operands_fit(x, w_q, None, None), "1-byte weights need their scale"
     assert not operands_fit(x, w.half(), None, None), "a 16-bit weight must be in x's dtype"
     assert not operands_fit(x, w.t().contiguous().t(), None, None), "rows must be contiguous"
+    wide = torch.zeros(1, MAX_K + 16, dtype=torch.bfloat16)
+    assert not operands_fit(wide, torch.zeros(2, MAX_K + 16, dtype=torch.bfloat16), None, None), "x must fit shared memory"
 
 
 @pytest.mark.gpu
