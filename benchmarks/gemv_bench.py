@@ -64,11 +64,12 @@ def fused(layers: list[dict], h: torch.Tensor, res: torch.Tensor, c: dict | None
 
 def sweep_configs(backend: str) -> list[tuple[dict, dict]]:
     """(tiles, gate/up tiles) of a backend: `shardline tune-gemm`'s GEMV candidates; the CUDA
-    kernel's gate/up tiles keep half the chunks in flight per row (it streams two rows)."""
+    FFMA kernel's gate/up tiles keep half the chunks in flight per row (it streams two rows;
+    the MMA form streams the same 16 rows either way)."""
     from shardline.gemm_tuning import GEMV_CONFIGS
     configs = [c for c in GEMV_CONFIGS if c["backend"] == backend]
     if backend == "cuda":
-        return [(c, dict(c, UNROLL=max(1, c["UNROLL"] // 2))) for c in configs]
+        return [(c, c if c.get("MMA") else dict(c, UNROLL=max(1, c["UNROLL"] // 2))) for c in configs]
     return [(c, c) for c in configs]
 
 

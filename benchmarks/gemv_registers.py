@@ -60,15 +60,17 @@ def main_cuda() -> None:
     """The CUDA C GEMV at `shardline tune-gemm`'s tiles (gate/up variants at half the chunks, as
     benchmarks/gemv_bench.py runs them)."""
     from shardline.gemm_tuning import GEMV_CONFIGS
-    print(f"{'warps':>5} {'rows':>4} {'unroll':>6} {'blocks':>6} {'pipe':>4}  " + "  ".join(f"{v:>14}" for v in CUDA_VARIANTS))
+    print(f"{'form':>4} {'warps':>5} {'rows':>4} {'unroll':>6} {'blocks':>6} {'pipe':>4}  "
+          + "  ".join(f"{v:>14}" for v in CUDA_VARIANTS))
     for cfg in (c for c in GEMV_CONFIGS if c["backend"] == "cuda"):
         tiles = {k: v for k, v in cfg.items() if k != "backend"}
         cells = []
         for flags in CUDA_VARIANTS.values():
-            t = dict(tiles, UNROLL=max(1, tiles["UNROLL"] // 2)) if flags["glu"] else tiles
+            t = dict(tiles, UNROLL=max(1, tiles["UNROLL"] // 2)) if flags["glu"] and not tiles.get("MMA") else tiles
             regs, spill = cuda_usage(t, **flags)
             cells.append(f"{regs}" + (f" spill {spill}B" if spill else ""))
-        print(f"{tiles['WARPS']:>5} {tiles['ROWS']:>4} {tiles['UNROLL']:>6} {tiles['BLOCKS']:>6} {tiles.get('PIPE', 0):>4}  "
+        print(f"{'mma' if tiles.get('MMA') else 'ffma':>4} {tiles['WARPS']:>5} {tiles.get('ROWS', '-'):>4} "
+              f"{tiles['UNROLL']:>6} {tiles.get('BLOCKS', '-'):>6} {tiles.get('PIPE', '-'):>4}  "
               + "  ".join(f"{c:>14}" for c in cells), flush=True)
 
 

@@ -109,6 +109,7 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
     return make_uint4(words[0], words[1], words[2], words[3]);
 }
 
+#if !MMA
 #define NW (ROWS * (GLU ? 2 : 1))
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
@@ -245,6 +246,193 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
         LOAD_WEIGHTS(lane)
     }
 }
+#endif  // !MMA
+
+#if MMA
+// Tensor-core form: a block owns 16 rows of the mma.m16n8k16 A operand (16 output rows, or 8
+// gate and their 8 up rows with GLU) and its WARPS warps split K. x is B (every column the same,
+// column 0 used), staged in shared memory as the MMA's half type after the residual add and
+// the norm. Lane (g, t) = (lane / 4, lane % 4) loads 16 bytes of rows g and g + 8 at k offset
+// t * EPC of each step; those EPC values fill its A slots of EPC / 4 MMAs, and its B slots hold
+// the same k's of x, so the contraction pairs the right values for any layout of k within a
+// step. The widening is one or two instructions per pair of weights (int8: byte_perm into the
+// fp16 magic 1024 + (q + 128), then one f16x2 subtract), against three per weight with FFMA.
+// int8 and fp8 multiply in fp16: an activation beyond fp16's range (65504) is not representable.
+#if W_BYTES == 2 && !X_FP16
+#define MMA_TYPE "bf16"
+#else
+#define MMA_TYPE "f16"
+#endif
+#define KSTEP (4 * EPC)  // k per warp step: four lanes of 16 bytes per row
+
+__device__ __forceinline__ u32 to_mma_pair(float lo, float hi) {
+    u32 r;
+#if W_BYTES == 2 && !X_FP16
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+// Pair p (0 .. EPC/2 - 1) of a 16-byte weight chunk as the MMA's half2 type (before the scale).
+__device__ __forceinline__ u32 weight_pair(const uint4& w, int p) {
+#if W_BYTES == 2
+    return p == 0 ? w.x : p == 1 ? w.y : p == 2 ? w.z : w.w;
+#else
+    const u32 word = (p >> 1) == 0 ? w.x : (p >> 1) == 1 ? w.y : (p >> 1) == 2 ? w.z : w.w;
+#if W_FP8
+    u32 h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((u16)(word >> (16 * (p & 1)))));
+    return h2;
+#else
+    // fp16 0x64XX is 1024 + XX; XX = q + 128, so subtracting 1152 (0x6480) leaves q exactly.
+    const u32 magic = __byte_perm(word ^ 0x80808080u, 0x64646464u, (p & 1) ? 0x7362u : 0x5140u);
+    u32 h2;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(h2) : "r"(magic), "r"(0x64806480u));
+    return h2;
+#endif
+#endif
+}
+
+__device__ __forceinline__ void mma_16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __restrict__ res,
+     const uint4* __restrict__ norm_w, uint4* __restrict__ res_out, const u16* __restrict__ scale,
+     const u16* __restrict__ bias, u16* __restrict__ out, int N, int K, float eps)
+{
+    extern __shared__ uint4 xs[];  // x as half2 pairs, zero-padded to whole steps
+    __shared__ float partial_sq[WARPS];
+    __shared__ float partial_y[WARPS][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int chunks = K / EPC, steps = (K + KSTEP - 1) / KSTEP;
+    const int per_warp = (steps + WARPS - 1) / WARPS;
+    const int s_lo = warp * per_warp, s_hi = min(s_lo + per_warp, steps);
+    const int n0 = blockIdx.x * (GLU ? 8 : 16);
+    const uint4* row_a = w + (size_t)min(n0 + g, N - 1) * chunks;  // A rows g ...
+    const uint4* row_b = GLU ? w + (size_t)(N + min(n0 + g, N - 1)) * chunks  // ... and g + 8
+                             : w + (size_t)min(n0 + g + 8, N - 1) * chunks;
+
+    uint4 wa[UNROLL], wb[UNROLL];
+#define LOAD_STEPS(s0)                                                            \
+    _Pragma("unroll") for (int u = 0; u < UNROLL; ++u) {                          \
+        const int c = ((s0) + u) * 4 + t;                                         \
+        const bool ok = (s0) + u < s_hi && c < chunks;                            \
+        wa[u] = ok ? load_stream(row_a + c) : make_uint4(0, 0, 0, 0);             \
+        wb[u] = ok ? load_stream(row_b + c) : make_uint4(0, 0, 0, 0);             \
+    }
+
+    LOAD_STEPS(s_lo)  // independent of the kernel before: streams before the wait
+#if USE_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+
+    // x -> shared memory: h = x (+ residual), then h * rstd * norm_w, rounded to the MMA's type.
+    float rstd = 1.f;
+    if (NORM) {
+        float sum_sq = 0.f;
+        for (int q = threadIdx.x; q < K / 8; q += WARPS * 32) {
+            float v[8];
+            unpack8(x[q], v);
+            if (HAS_RES) {
+                float r[8];
+                unpack8(res[q], r);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) v[i] = round_x(v[i] + r[i]);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; ++i) sum_sq = fmaf(v[i], v[i], sum_sq);
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, off);
+        if (lane == 0) partial_sq[warp] = sum_sq;
+        __syncthreads();
+        sum_sq = 0.f;
+#pragma unroll
+        for (int i = 0; i < WARPS; ++i) sum_sq += partial_sq[i];
+        rstd = rsqrtf(sum_sq / K + eps);
+    }
+    for (int q = threadIdx.x; q < steps * KSTEP / 8; q += WARPS * 32) {
+        float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (q < K / 8) {
+            unpack8(x[q], v);
+            if (HAS_RES) {
+                float r[8];
+                unpack8(res[q], r);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) v[i] = round_x(v[i] + r[i]);
+                if (blockIdx.x == 0) res_out[q] = pack8(v);
+            }
+            if (NORM) {
+                float nw[8];
+                unpack8(norm_w[q], nw);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) v[i] = round_x(v[i] * rstd) * nw[i];
+            }
+        }
+        xs[q] = make_uint4(to_mma_pair(v[0], v[1]), to_mma_pair(v[2], v[3]), to_mma_pair(v[4], v[5]),
+                           to_mma_pair(v[6], v[7]));
+    }
+    __syncthreads();
+
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    const u32* xs_pairs = reinterpret_cast<const u32*>(xs);
+    for (int s0 = s_lo; s0 < s_hi;) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (s0 + u >= s_hi) break;
+            const u32* xp = xs_pairs + ((s0 + u) * KSTEP + t * EPC) / 2;  // this lane's EPC values of x
+            u32 xv[EPC / 2];
+#pragma unroll
+            for (int i = 0; i < EPC / 8; ++i) {
+                const uint4 q = reinterpret_cast<const uint4*>(xp)[i];
+                xv[4 * i] = q.x; xv[4 * i + 1] = q.y; xv[4 * i + 2] = q.z; xv[4 * i + 3] = q.w;
+            }
+#pragma unroll
+            for (int j = 0; j < EPC / 4; ++j)
+                mma_16816(d, weight_pair(wa[u], 2 * j), weight_pair(wb[u], 2 * j), weight_pair(wa[u], 2 * j + 1),
+                          weight_pair(wb[u], 2 * j + 1), xv[2 * j], xv[2 * j + 1]);
+        }
+        s0 += UNROLL;
+        if (s0 >= s_hi) break;
+        LOAD_STEPS(s0)
+    }
+
+    // Column 0 of D: lanes with t == 0 hold rows g (d[0]) and g + 8 (d[2]). Sum the warps' K slices.
+    if (t == 0) {
+        partial_y[warp][g] = d[0];
+        partial_y[warp][g + 8] = d[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < (GLU ? 8 : 16)) {
+        const int r = threadIdx.x, n = n0 + r;
+        float y = 0.f, up = 0.f;
+#pragma unroll
+        for (int i = 0; i < WARPS; ++i) {
+            y += partial_y[i][r];
+            if (GLU) up += partial_y[i][r + 8];
+        }
+        if (n < N) {
+            if (HAS_SCALE) y *= x2f(scale[n]);
+            if (HAS_BIAS) y += x2f(bias[n]);
+            if (GLU) {
+                if (HAS_SCALE) up *= x2f(scale[N + n]);
+                if (HAS_BIAS) up += x2f(bias[N + n]);
+                const float gate = round_x(y);
+                y = round_x(gate / (1.f + __expf(-gate))) * round_x(up);
+            }
+            out[n] = f2x(y);
+        }
+    }
+}
+#endif  // MMA
 """
 
 # Tiles: warps per block, output rows per warp, 16-byte chunks in flight per row and lane, blocks
@@ -286,10 +474,11 @@ def fits(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias
 
 
 def defines(*, x_fp16: bool, w_bytes: int, fp8: bool, norm: bool, res: bool, glu: bool,
-            scale: bool, bias: bool, pdl: bool, WARPS: int, ROWS: int, UNROLL: int, PIPE: int = 0,
-            **launch) -> str:
+            scale: bool, bias: bool, pdl: bool, WARPS: int, UNROLL: int, ROWS: int = 1, PIPE: int = 0,
+            MMA: int = 0, **launch) -> str:
     flags = dict(X_FP16=x_fp16, W_BYTES=w_bytes, W_FP8=fp8, NORM=norm, HAS_RES=res, GLU=glu,
-                 HAS_SCALE=scale, HAS_BIAS=bias, USE_PDL=pdl, WARPS=WARPS, ROWS=ROWS, UNROLL=UNROLL, PIPE=PIPE)
+                 HAS_SCALE=scale, HAS_BIAS=bias, USE_PDL=pdl, WARPS=WARPS, ROWS=ROWS, UNROLL=UNROLL, PIPE=PIPE,
+                 MMA=MMA)
     return "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
 
 
@@ -426,9 +615,13 @@ def fused_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
     args = [ptr(weight), ptr(x), ptr(residual), ptr(norm_weight), ptr(res_out), ptr(scale), ptr(bias), ptr(out),
             ctypes.c_int(N), ctypes.c_int(K), ctypes.c_float(eps)]
-    rows_per_block = tiles["WARPS"] * tiles["ROWS"]
-    grid = (N + rows_per_block - 1) // rows_per_block
-    if tiles["BLOCKS"]:
-        grid = min(grid, tiles["BLOCKS"] * sm_count(x))
-    _launch(function, grid, 32 * tiles["WARPS"], 4 * K, torch.cuda.current_stream(x.device).cuda_stream, args, pdl)
+    if tiles.get("MMA"):  # 16 A rows a block (8 outputs with GLU); x as half pairs, whole steps
+        rows_per_block, kstep = (8 if glu else 16), 64 // weight.element_size()
+        grid, shared = (N + rows_per_block - 1) // rows_per_block, 2 * kstep * -(-K // kstep)
+    else:
+        rows_per_block = tiles["WARPS"] * tiles["ROWS"]
+        grid, shared = (N + rows_per_block - 1) // rows_per_block, 4 * K
+        if tiles.get("BLOCKS"):
+            grid = min(grid, tiles["BLOCKS"] * sm_count(x))
+    _launch(function, grid, 32 * tiles["WARPS"], shared, torch.cuda.current_stream(x.device).cuda_stream, args, pdl)
     return out, res_out

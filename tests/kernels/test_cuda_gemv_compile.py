@@ -63,6 +63,15 @@ def _longest_fma_run(ptx: str) -> int:
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("weights,fusion", list(itertools.product(WEIGHTS, FUSIONS)))
+def test_the_tensor_core_form_compiles(weights, fusion):
+    ptx = _ptx(weights, fusion, x_fp16=weights == "fp8", tiles=dict(WARPS=8, UNROLL=4, MMA=1))
+    kind = "bf16.bf16" if weights == "bf16" else "f16.f16"
+    assert f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.f32" in ptx
+    assert "ld.global.nc.L1::no_allocate" in ptx
+
+
+@needs_nvrtc
 def test_pdl_variant_waits_before_reading_x():
     ptx = _ptx("bf16", "norm_res", pdl=True)
     wait = ptx.index("griddepcontrol.wait")

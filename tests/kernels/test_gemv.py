@@ -87,13 +87,15 @@ def _fused_case(device, N, K, quant, fuse, dtype):
 @pytest.mark.parametrize("quant", ["none", "int8-weight-only", "fp8-weight-only"], ids=["dense", "int8", "fp8"])
 @pytest.mark.parametrize("fuse", ["plain", "norm", "norm_res", "norm_res_glu", "glu_bias"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_cuda_gemv_matches_the_unfused_path(device, N, K, quant, fuse, dtype):
+@pytest.mark.parametrize("form", ["ffma", "mma"])
+def test_cuda_gemv_matches_the_unfused_path(device, N, K, quant, fuse, dtype, form):
     from shardline.kernels import cuda_gemv
     if device == "cpu" or not cuda_gemv.available():
         pytest.skip("the CUDA C GEMV needs a GPU and CuPy")
     x, w, scale, kw = _fused_case(device, N, K, quant, fuse, dtype)
     assert cuda_gemv.fits(x, w, scale, kw.get("bias"))
-    y, r = fused_linear(x, w, scale, config={"backend": "cuda"}, **kw)
+    config = {"backend": "cuda"} | ({"MMA": 1, "WARPS": 4, "UNROLL": 2} if form == "mma" else {})
+    y, r = fused_linear(x, w, scale, config=config, **kw)
     y_ref, r_ref = fused_linear_ref(x, w, scale, **kw)
     assert_close(y, y_ref, f"cuda gemv {fuse}", tol=2e-2 if quant != "none" else None)
     if "res" in fuse:
@@ -111,6 +113,24 @@ def test_cuda_gemv_tiles(device, warps, rows, unroll, blocks, pipe):
     cfg = dict(backend="cuda", WARPS=warps, ROWS=rows, UNROLL=unroll, BLOCKS=blocks, PIPE=pipe)
     y, _ = fused_linear(x, w, config=cfg, **kw)
     assert_close(y, fused_linear_ref(x, w, **kw)[0], f"cuda gemv tiles {cfg}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("warps,unroll", [(1, 1), (4, 3), (16, 2), (32, 4)])
+@pytest.mark.parametrize("quant", ["none", "int8-weight-only"], ids=["dense", "int8"])
+def test_cuda_gemv_mma_tiles(device, warps, unroll, quant):
+    """The tensor-core form with K split over 1 to 32 warps, some of them with no step of K at all
+    (K = 1040: 17 steps of 64 int8, 33 of 32 bf16), and N not a multiple of 16 or 8."""
+    from shardline.kernels import cuda_gemv
+    if device == "cpu" or not cuda_gemv.available():
+        pytest.skip("the CUDA C GEMV needs a GPU and CuPy")
+    cfg = dict(backend="cuda", MMA=1, WARPS=warps, UNROLL=unroll)
+    for fuse in ("plain", "norm_res_glu"):
+        x, w, scale, kw = _fused_case(device, 301, 1040, quant, fuse, torch.bfloat16)
+        y, r = fused_linear(x, w, scale, config=cfg, **kw)
+        y_ref, r_ref = fused_linear_ref(x, w, scale, **kw)
+        assert_close(y, y_ref, f"mma gemv {fuse} {cfg}", tol=2e-2 if quant != "none" else None)
+        assert r is None or torch.equal(r, r_ref)
 
 
 def test_cuda_gemv_operand_rules():
