@@ -109,6 +109,18 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
     return make_uint4(words[0], words[1], words[2], words[3]);
 }
 
+// h = x (+ residual, rounded to x's dtype as the unfused add rounds): elements 8q .. 8q + 7.
+__device__ __forceinline__ void load_h(const uint4* __restrict__ x, const uint4* __restrict__ res, int q,
+                                       float* v) {
+    unpack8(x[q], v);
+    if (HAS_RES) {
+        float r[8];
+        unpack8(res[q], r);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = round_x(v[i] + r[i]);
+    }
+}
+
 #if !MMA
 #define NW (ROWS * (GLU ? 2 : 1))
 
@@ -151,14 +163,8 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
     float sum_sq = 0.f;
     for (int q = threadIdx.x; q < K / 8; q += WARPS * 32) {
         float v[8];
-        unpack8(x[q], v);
-        if (HAS_RES) {
-            float r[8];
-            unpack8(res[q], r);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) v[i] = round_x(v[i] + r[i]);
-            if (blockIdx.x == 0) res_out[q] = pack8(v);
-        }
+        load_h(x, res, q, v);
+        if (HAS_RES && blockIdx.x == 0) res_out[q] = pack8(v);
         if (NORM) {
             float g[8];
             unpack8(norm_w[q], g);
@@ -340,13 +346,7 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
         float sum_sq = 0.f;
         for (int q = threadIdx.x; q < K / 8; q += WARPS * 32) {
             float v[8];
-            unpack8(x[q], v);
-            if (HAS_RES) {
-                float r[8];
-                unpack8(res[q], r);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) v[i] = round_x(v[i] + r[i]);
-            }
+            load_h(x, res, q, v);
 #pragma unroll
             for (int i = 0; i < 8; ++i) sum_sq = fmaf(v[i], v[i], sum_sq);
         }
@@ -362,14 +362,8 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
     for (int q = threadIdx.x; q < steps * KSTEP / 8; q += WARPS * 32) {
         float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         if (q < K / 8) {
-            unpack8(x[q], v);
-            if (HAS_RES) {
-                float r[8];
-                unpack8(res[q], r);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) v[i] = round_x(v[i] + r[i]);
-                if (blockIdx.x == 0) res_out[q] = pack8(v);
-            }
+            load_h(x, res, q, v);
+            if (HAS_RES && blockIdx.x == 0) res_out[q] = pack8(v);
             if (NORM) {
                 float nw[8];
                 unpack8(norm_w[q], nw);
