@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import math
 import statistics
 import sys
@@ -250,11 +251,12 @@ def bench_decode_attention(sweep: bool) -> None:
                 return lambda: fn(q, *args, **kw)
             return build
         bench("decode attention", shape, "triton", make(attention.paged_attention), nbytes)
-        if sweep and B <= 16:
-            for block_n in (32, 128):
-                bench("decode attention", shape, f"triton BLOCK_N={block_n}",
-                      make(paged_attention_triton, decode_block_n=block_n), nbytes)
-            for splits in (1, 8, 32):
+        if sweep:
+            for block_n, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4)):
+                cfg = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+                bench("decode attention", shape, f"triton BLOCK_N={block_n} warps={warps} stages={stages}",
+                      make(paged_attention_triton, decode_config=cfg), nbytes)
+            for splits in (1, 2, 4, 8, 32):
                 bench("decode attention", shape, f"triton splits={splits}",
                       make(paged_attention_triton, num_splits=splits), nbytes)
 

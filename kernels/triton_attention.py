@@ -236,6 +236,9 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_p
              out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dmask[None, :])
 
 
+DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=2)
+
+
 def _num_splits(num_programs: int, max_ctx: int, num_sms: int, min_tokens: int = 64) -> int:
     """Context splits per (row, kv head): enough programs to fill the GPU twice over, while each
     split still holds min_tokens of the longest possible context. A power of two, at most 64."""
@@ -253,8 +256,10 @@ def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
 
 def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, *,
                            max_query_len: int | None = None, max_seq_len: int | None = None,
-                           decode_block_n: int = 64, prefill_config: dict | None = None,
+                           decode_config: dict | None = None, prefill_config: dict | None = None,
                            num_splits: int | None = None):
+    """`decode_config`: BLOCK_N, num_warps, num_stages of the decode kernel (DECODE_CONFIG by
+    default); `num_splits`: its context splits (by default `_num_splits`)."""
     T, nh, hd = q.shape
     block_size, nkv = k_cache.shape[1], k_cache.shape[2]
     B = block_tables.shape[0]
@@ -281,7 +286,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
             scale_log2, B, nh, *strides, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
-            BLOCK_N=decode_block_n, NUM_SPLITS=splits, num_warps=4, num_stages=2, **common, **pdl_args(q))
+            NUM_SPLITS=splits, **(decode_config or DECODE_CONFIG), **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,

@@ -111,6 +111,18 @@ def test_decode_triton(device, dtype, num_heads, num_kv_heads, head_dim):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("block_n,warps,stages", [(32, 2, 3), (128, 8, 4)])
+def test_decode_configs(device, block_n, warps, stages):
+    from shardline.kernels.triton_attention import paged_attention_triton
+    if not _dispatch.use_triton(torch.empty(0, device=device)):
+        pytest.skip("the Triton kernel itself is under test")
+    ctx = [1000, 1, 250, 64] if device == "cuda" else [200, 1]
+    q, kw = make_paged_batch([(c, 1) for c in ctx], 8, 2, 64, dtype=torch.float16, device=device)
+    out = paged_attention_triton(q, **kw, decode_config=dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages))
+    assert_close(out, paged_attention_ref(q, **kw), f"decode with BLOCK_N={block_n}, {warps} warps, {stages} stages")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [1, 2, 8, 64])
 def test_decode_split_k(device, num_splits):
     from shardline.kernels.triton_attention import paged_attention_triton
