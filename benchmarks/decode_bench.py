@@ -151,7 +151,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,16,64,256")
     ap.add_argument("--peers", help="folder with ceilings.py, hf_decode.py and gpt-fast/ (git-ignored)")
-    ap.add_argument("--hf-batches", default="1,64")
+    ap.add_argument("--hf-batches", default="1,16,64,256")
     # gpt-fast compiles per batch size for minutes: at batches 1 and 64 it ran past 420 s on a fresh
     # H200 machine (2026-11-29), so it is opt-in and best run as its own call.
     ap.add_argument("--gptfast-batches", default="", help="e.g. 1,64 (minutes of compiling per batch)")

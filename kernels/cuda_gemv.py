@@ -393,10 +393,19 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
             for (int j = 0; j < EPC / 4; ++j)
                 mma_16816(d, weight_pair(wa[u], 2 * j), weight_pair(wb[u], 2 * j), weight_pair(wa[u], 2 * j + 1),
                           weight_pair(wb[u], 2 * j + 1), xv[2 * j], xv[2 * j + 1]);
+#if PIPE
+            // Rolling: refill this step's registers with the step UNROLL ahead.
+            const int ahead = s0 + u + UNROLL, c = ahead * 4 + t;
+            const bool ok = ahead < s_hi && c < chunks;
+            wa[u] = ok ? load_stream(row_a + c) : make_uint4(0, 0, 0, 0);
+            wb[u] = ok ? load_stream(row_b + c) : make_uint4(0, 0, 0, 0);
+#endif
         }
         s0 += UNROLL;
         if (s0 >= s_hi) break;
+#if !PIPE
         LOAD_STEPS(s0)
+#endif
     }
 
     // Column 0 of D: lanes with t == 0 hold rows g (d[0]) and g + 8 (d[2]). Sum the warps' K slices.

@@ -43,8 +43,10 @@ GEMV_CONFIGS += [dict(backend="cuda", WARPS=w, ROWS=r, UNROLL=u, BLOCKS=b) for w
     (16, 2, 4, 1), (8, 4, 2, 2))]
 GEMV_CONFIGS += [dict(backend="cuda", WARPS=w, ROWS=r, UNROLL=u, BLOCKS=0, PIPE=1) for w, r, u in (
     (8, 2, 4), (8, 1, 8), (8, 2, 6), (4, 2, 4))]
-# The tensor-core form (MMA=1): warps per block (splitting K) and steps in flight per lane.
-GEMV_CONFIGS += [dict(backend="cuda", MMA=1, WARPS=w, UNROLL=u) for w, u in ((4, 4), (8, 4), (8, 2), (16, 2), (4, 8))]
+# The tensor-core form (MMA=1): warps per block (splitting K), steps in flight per lane, and the
+# same PIPE choice.
+GEMV_CONFIGS += [dict(backend="cuda", MMA=1, WARPS=w, UNROLL=u, PIPE=p) for w, u, p in (
+    (4, 4, 0), (8, 4, 0), (8, 2, 0), (16, 2, 0), (4, 8, 0), (8, 4, 1), (4, 4, 1))]
 # How the engine runs each linear through the GEMV: (RMSNorm fused before, SwiGLU fused after).
 GEMV_FUSION = {"qkv_proj": (True, False), "o_proj": (False, False), "up_proj": (True, True),
                "down_proj": (False, False), "lm_head": (True, False)}

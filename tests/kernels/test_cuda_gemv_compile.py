@@ -43,18 +43,21 @@ def test_every_variant_compiles_and_streams_past_l1(weights, fusion):
 
 @needs_nvrtc
 @pytest.mark.parametrize("weights", list(WEIGHTS))
-def test_the_rolling_pipeline_compiles(weights):
-    batched = _ptx(weights, "norm_res_glu", tiles=dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0, PIPE=0))
-    rolling = _ptx(weights, "norm_res_glu", tiles=dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0, PIPE=1))
-    assert _longest_fma_run(rolling) * 2 < _longest_fma_run(batched), \
-        "the rolling pipeline refills each chunk's registers right after using them, between the FMAs"
+@pytest.mark.parametrize("form", ["ffma", "mma"])
+def test_the_rolling_pipeline_compiles(weights, form):
+    tiles = dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0) | ({"MMA": 1} if form == "mma" else {})
+    batched = _ptx(weights, "norm_res_glu", tiles=dict(tiles, PIPE=0))
+    rolling = _ptx(weights, "norm_res_glu", tiles=dict(tiles, PIPE=1))
+    op = "mma.sync" if form == "mma" else "fma.rn.f32"
+    assert _longest_run(rolling, op) * 2 < _longest_run(batched, op), \
+        "the rolling pipeline refills each chunk's registers right after using them, between the products"
 
 
-def _longest_fma_run(ptx: str) -> int:
-    """The most fp32 FMAs in a row with no weight load between them."""
+def _longest_run(ptx: str, op: str) -> int:
+    """The most `op` instructions in a row with no weight load between them."""
     best = run = 0
     for line in ptx.splitlines():
-        if "fma.rn.f32" in line:
+        if op in line:
             run += 1
             best = max(best, run)
         elif "ld.global.nc.L1::no_allocate" in line:

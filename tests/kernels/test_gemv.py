@@ -116,15 +116,15 @@ def test_cuda_gemv_tiles(device, warps, rows, unroll, blocks, pipe):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("warps,unroll", [(1, 1), (4, 3), (16, 2), (32, 4)])
+@pytest.mark.parametrize("warps,unroll,pipe", [(1, 1, 0), (4, 3, 0), (16, 2, 0), (32, 4, 0), (4, 3, 1), (2, 2, 1)])
 @pytest.mark.parametrize("quant", ["none", "int8-weight-only"], ids=["dense", "int8"])
-def test_cuda_gemv_mma_tiles(device, warps, unroll, quant):
+def test_cuda_gemv_mma_tiles(device, warps, unroll, pipe, quant):
     """The tensor-core form with K split over 1 to 32 warps, some of them with no step of K at all
     (K = 1040: 17 steps of 64 int8, 33 of 32 bf16), and N not a multiple of 16 or 8."""
     from shardline.kernels import cuda_gemv
     if device == "cpu" or not cuda_gemv.available():
         pytest.skip("the CUDA C GEMV needs a GPU and CuPy")
-    cfg = dict(backend="cuda", MMA=1, WARPS=warps, UNROLL=unroll)
+    cfg = dict(backend="cuda", MMA=1, WARPS=warps, UNROLL=unroll, PIPE=pipe)
     for fuse in ("plain", "norm_res_glu"):
         x, w, scale, kw = _fused_case(device, 301, 1040, quant, fuse, torch.bfloat16)
         y, r = fused_linear(x, w, scale, config=cfg, **kw)
