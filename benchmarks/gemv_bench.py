@@ -21,6 +21,7 @@ import json
 import torch
 import torch.nn.functional as F
 
+from shardline.gemm_tuning import agrees
 from shardline.kernels import _dispatch, activation, cuda_gemv, gemv, norm, quant
 
 
@@ -73,10 +74,9 @@ def sweep_configs(backend: str) -> list[tuple[dict, dict]]:
     return [(c, c) for c in configs]
 
 
-def time_graph(fn, reps: int = 10) -> float:
-    h = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
-    res = torch.randn_like(h)
-    fn(h, res)  # compile outside the capture
+def time_graph(fn, h: torch.Tensor, res: torch.Tensor, reps: int = 10) -> tuple[float, torch.Tensor]:
+    """(ms per replay of fn's graph, fn's output from a run outside the graph)."""
+    out = fn(h, res)  # also compiles outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -88,7 +88,7 @@ def time_graph(fn, reps: int = 10) -> float:
         graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
+    return start.elapsed_time(end) / reps, out
 
 
 def main() -> None:
@@ -102,16 +102,23 @@ def main() -> None:
     nbytes = sum(t.numel() * t.element_size() for L in layers for k in ("qkv", "o", "up", "down")
                  for t in L[k] if t is not None)
     rows = []
+    h = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn_like(h)
+    reference = None  # the unfused stack's output: every variant must reproduce it
 
     def run(name: str, fn, pdl: bool, tiles=None, gemv_pdl: bool = False) -> None:
+        nonlocal reference
         _dispatch.PDL_DISABLED, _dispatch.GEMV_PDL_ENABLED = not pdl, gemv_pdl
         try:
-            ms = time_graph(fn)
+            ms, out = time_graph(fn, h, res)
         except Exception as e:  # a candidate that does not compile or launch is reported, not fatal
             print(f"{name} {tiles}: failed: {type(e).__name__}: {e}", flush=True)
             return
-        rows.append({"variant": name, "pdl": pdl, "gemv_pdl": gemv_pdl, "quant": args.quant, "layers": args.layers, "ms": round(ms, 4),
-                     "weight_GBps": round(nbytes / ms / 1e6, 1), "tiles": tiles})
+        reference = out if reference is None else reference
+        # Rounding differs between the paths and compounds over the layers; a wrong kernel is off by O(1).
+        rows.append({"variant": name, "pdl": pdl, "gemv_pdl": gemv_pdl, "quant": args.quant, "layers": args.layers,
+                     "ms": round(ms, 4), "weight_GBps": round(nbytes / ms / 1e6, 1), "tiles": tiles,
+                     "agrees": agrees(out, reference, tol=0.1)})
         print(json.dumps(rows[-1]), flush=True)
 
     backends = ["triton"] + (["cuda"] if cuda_gemv.available() else [])
@@ -133,12 +140,12 @@ def main() -> None:
     print(f"\n{torch.cuda.get_device_name()}: {args.layers} layers of decode linears, batch 1, "
           f"{args.quant or 'bf16'} weights ({nbytes / 1e9:.2f} GB)")
     print("PDL: the Triton kernels'; a CUDA GEMV takes it only in the row marked 'GEMV PDL'")
-    print(f"{'variant':<14} {'PDL':>4} {'ms':>8} {'GB/s':>8} {'vs unfused':>10}  tiles")
+    print(f"{'variant':<14} {'PDL':>4} {'ms':>8} {'GB/s':>8} {'vs unfused':>10}  tiles (WRONG: output differs from unfused)")
     for r in rows[:fixed] + sorted(rows[fixed:], key=lambda r: r["ms"]):
         tiles = "" if r["tiles"] is None else " / ".join(
             ",".join(f"{k}={v}" for k, v in t.items() if k != "backend") for t in r["tiles"])
         print(f"{r['variant']:<14} {'on' if r['pdl'] else 'off':>4} {r['ms']:>8.3f} {r['weight_GBps']:>8.0f} "
-              f"{base / r['ms']:>9.2f}x  {tiles}{'GEMV PDL' if r['gemv_pdl'] else ''}")
+              f"{base / r['ms']:>9.2f}x  {tiles}{'GEMV PDL' if r['gemv_pdl'] else ''}{'' if r['agrees'] else '  WRONG'}")
 
 
 if __name__ == "__main__":
