@@ -36,7 +36,7 @@ def make_paged_batch(seqs, num_heads, num_kv_heads, head_dim, block_size=16, dty
 
 def naive_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
     """Token by token, head by head, in float64: the definition in attention.py's docstring."""
-    block_size, nkv, hd = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    block_size, nkv = k_cache.shape[1], k_cache.shape[2]
     group = q.shape[1] // nkv
     out = torch.zeros(q.shape, dtype=torch.float64)
     for b in range(len(seq_lens)):

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_testing import REL_TOL, assert_close, assert_exact
+from kernel_testing import assert_close, assert_exact
 from shardline.kernels import _dispatch
 from shardline.kernels.rotary import (apply_rotary, apply_rotary_and_write_kv,
                                       apply_rotary_and_write_kv_ref, apply_rotary_ref,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from shardline.config import ConfigError, EngineConfig
 from shardline.converter import convert
