@@ -18,8 +18,8 @@ kernels. This kernel is written for that:
 - programmatic dependent launch (Hopper) is built in but off by default (SHARDLINE_GEMV_PDL=1):
   the first chunks of weights load before `griddepcontrol.wait`, so a kernel could stream while
   the one before it finishes. Measured on the H200 (docs/benchmarks.md), it made the batch-1
-  stack 14–27% slower, not faster. CuPy's launcher cannot set the launch attribute, so `_launch`
-  calls `cuLaunchKernelEx` from the driver.
+  stack 14–27% slower, not faster. CuPy's launcher cannot set the launch attribute, so the launch
+  goes through the driver's `cuLaunchKernelEx` (cuda_runtime.py).
 
 Widening: int8 by the float trick (0x4B000000 | (q + 128) is 2^23 + 128 + q as fp32), fp8 e4m3 by
 the hardware pair conversion to fp16. Rounding follows triton_gemv.py (and so the unfused path):
@@ -34,6 +34,7 @@ import functools
 
 import torch
 
+from . import cuda_runtime
 from ._dispatch import sm_count, use_gemv_pdl
 
 SOURCE = r"""
@@ -486,108 +487,14 @@ def defines(*, x_fp16: bool, w_bytes: int, fp8: bool, norm: bool, res: bool, glu
 
 
 def compile_ptx(source_defines: str, arch: str = "compute_90") -> str:
-    """The kernel's PTX from NVRTC, with no GPU needed (the CPU tests and
-    benchmarks/gemv_registers.py); NVRTC from the nvidia-cuda-nvrtc wheel or the system."""
-    lib = _nvrtc()
-    prog = ctypes.c_void_p()
-    _check_nvrtc(lib.nvrtcCreateProgram(ctypes.byref(prog), (source_defines + SOURCE).encode(), b"gemv.cu",
-                                        0, None, None), "nvrtcCreateProgram")
-    try:
-        opts = [b"-std=c++17", b"--gpu-architecture=" + arch.encode()]
-        err = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
-        size = ctypes.c_size_t()
-        if err != 0:
-            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-            log = ctypes.create_string_buffer(size.value)
-            lib.nvrtcGetProgramLog(prog, log)
-            raise RuntimeError(f"NVRTC could not compile the GEMV:\n{log.value.decode()}")
-        lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
-        ptx = ctypes.create_string_buffer(size.value)
-        _check_nvrtc(lib.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
-        return ptx.value.decode()
-    finally:
-        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    """The kernel's PTX for these `defines`, with no GPU needed (cuda_runtime.compile_ptx)."""
+    return cuda_runtime.compile_ptx(source_defines + SOURCE, arch)
 
 
 @functools.cache
-def _nvrtc():
-    import ctypes.util
-    import glob
-    import os
-    candidates = []
-    try:
-        import nvidia.cuda_nvrtc
-        for root in nvidia.cuda_nvrtc.__path__:
-            candidates += sorted(glob.glob(os.path.join(root, "lib", "libnvrtc.so.*")))
-    except ImportError:
-        pass
-    candidates += [c for c in (ctypes.util.find_library("nvrtc"),) if c]
-    for path in candidates:
-        if ".alt." not in path:
-            return ctypes.CDLL(path)
-    raise ImportError("NVRTC not found: pip install nvidia-cuda-nvrtc-cu12 (no GPU needed)")
-
-
-def _check_nvrtc(err: int, what: str) -> None:
-    if err != 0:
-        raise RuntimeError(f"{what} failed with nvrtcResult {err}")
-
-
-_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-
-
-@functools.cache
-def _kernel(source_defines: str, device_index: int) -> int:
-    """The compiled kernel's CUfunction, allowed the shared memory a Llama-size K needs."""
-    import cupy
-    with cupy.cuda.Device(device_index):
-        module = cupy.RawModule(code=source_defines + SOURCE, options=("-std=c++17",))
-        kernel = module.get_function("gemv")
-        function = getattr(kernel, "kernel", kernel).ptr  # CuPy 14 hands out a RawKernel around it
-    _check(_driver().cuFuncSetAttribute(ctypes.c_void_p(function), _MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                        4 * MAX_K), "cuFuncSetAttribute")
-    return function
-
-
-def _check(err: int, what: str) -> None:
-    if err != 0:
-        raise RuntimeError(f"{what} failed with CUresult {err}")
-
-
-class _LaunchAttrValue(ctypes.Union):
-    _fields_ = [("pad", ctypes.c_uint64 * 8), ("flag", ctypes.c_int)]
-
-
-class _LaunchAttr(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _LaunchAttrValue)]
-
-
-class _LaunchConfig(ctypes.Structure):
-    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_LaunchAttr)), ("numAttrs", ctypes.c_uint)]
-
-
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-
-
-@functools.cache
-def _driver():
-    lib = ctypes.CDLL("libcuda.so.1")
-    lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
-                                     ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
-    lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-    return lib
-
-
-def _launch(function: int, grid: int, block: int, shared: int, stream: int, args: list, pdl: bool) -> None:
-    attr = _LaunchAttr(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
-    attr.value.flag = 1
-    config = _LaunchConfig(grid, 1, 1, block, 1, 1, shared, stream, ctypes.pointer(attr), 1 if pdl else 0)
-    params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
-    _check(_driver().cuLaunchKernelEx(ctypes.byref(config), ctypes.c_void_p(function), params, None),
-           f"cuLaunchKernelEx (grid {grid}, block {block}, {shared} B shared)")
+def _function(source_defines: str, device_index: int) -> int:
+    """The compiled variant, allowed the shared memory that staging x of MAX_K columns takes."""
+    return cuda_runtime.load_function(source_defines + SOURCE, "gemv", device_index, 4 * MAX_K)
 
 
 def _aligned(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -611,20 +518,25 @@ def fused_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     src = defines(x_fp16=x.dtype == torch.float16, w_bytes=weight.element_size(),
                   fp8=weight.dtype == torch.float8_e4m3fn, norm=norm_weight is not None, res=residual is not None,
                   glu=glu, scale=scale is not None, bias=bias is not None, pdl=pdl, **tiles)
-    function = _kernel(src, x.device.index if x.device.index is not None else torch.cuda.current_device())
+    function = _function(src, x.device.index if x.device.index is not None else torch.cuda.current_device())
     x, residual, norm_weight = (_aligned(t) for t in (x, residual, norm_weight))
     out = torch.empty((1, N), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(x) if residual is not None else None
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
     args = [ptr(weight), ptr(x), ptr(residual), ptr(norm_weight), ptr(res_out), ptr(scale), ptr(bias), ptr(out),
             ctypes.c_int(N), ctypes.c_int(K), ctypes.c_float(eps)]
-    if tiles.get("MMA"):  # 16 A rows a block (8 outputs with GLU); x as half pairs, whole steps
-        rows_per_block, kstep = (8 if glu else 16), 64 // weight.element_size()
-        grid, shared = (N + rows_per_block - 1) // rows_per_block, 2 * kstep * -(-K // kstep)
-    else:
-        rows_per_block = tiles["WARPS"] * tiles["ROWS"]
-        grid, shared = (N + rows_per_block - 1) // rows_per_block, 4 * K
-        if tiles.get("BLOCKS"):
-            grid = min(grid, tiles["BLOCKS"] * sm_count(x))
-    _launch(function, grid, 32 * tiles["WARPS"], shared, torch.cuda.current_stream(x.device).cuda_stream, args, pdl)
+    grid, block, shared = geometry(N, K, glu, weight.element_size(), tiles, sm_count(x))
+    cuda_runtime.launch(function, grid, block, shared, torch.cuda.current_stream(x.device).cuda_stream, args, pdl)
     return out, res_out
+
+
+def geometry(N: int, K: int, glu: bool, w_bytes: int, tiles: dict, sms: int) -> tuple[int, int, int]:
+    """(blocks, threads a block, dynamic shared bytes) of a launch with `tiles`, for N outputs."""
+    if tiles.get("MMA"):  # 16 A rows a block (8 outputs with GLU); x as half pairs, whole steps
+        rows_per_block, kstep = (8 if glu else 16), 64 // w_bytes
+        grid, shared = -(-N // rows_per_block), 2 * kstep * -(-K // kstep)
+    else:  # WARPS * ROWS outputs a block; x as fp32
+        grid, shared = -(-N // (tiles["WARPS"] * tiles["ROWS"])), 4 * K
+        if tiles.get("BLOCKS"):
+            grid = min(grid, tiles["BLOCKS"] * sms)
+    return grid, 32 * tiles["WARPS"], shared

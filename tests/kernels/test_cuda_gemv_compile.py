@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from shardline.kernels import cuda_gemv
+from shardline.kernels import cuda_gemv, cuda_runtime
 
 try:
-    cuda_gemv._nvrtc()
+    cuda_runtime._nvrtc()
     NVRTC = True
 except ImportError:
     NVRTC = False
@@ -88,3 +88,16 @@ def test_pdl_variant_waits_before_reading_x():
 def test_a_source_error_names_the_compiler_log():
     with pytest.raises(RuntimeError, match="NVRTC could not compile"):
         cuda_gemv.compile_ptx("#define WARPS 8\n")  # the other tile constants are missing
+
+
+def test_launch_geometry():
+    ffma = dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0)
+    assert cuda_gemv.geometry(4096, 4096, False, 2, ffma, 132) == (256, 256, 4 * 4096)
+    assert cuda_gemv.geometry(4097, 4096, False, 2, ffma, 132)[0] == 257, "a partial block for the last rows"
+    assert cuda_gemv.geometry(14336, 4096, True, 1, dict(ffma, BLOCKS=2), 132)[0] == 264, "persistent: 2 per SM"
+    mma = dict(WARPS=4, UNROLL=4, MMA=1)
+    # 16 rows a block (8 gate/up pairs with GLU); x staged as 2-byte pairs over whole steps of K.
+    assert cuda_gemv.geometry(4096, 4096, False, 2, mma, 132) == (256, 128, 2 * 4096)
+    assert cuda_gemv.geometry(14336, 4096, True, 1, mma, 132) == (1792, 128, 2 * 4096)
+    assert cuda_gemv.geometry(301, 1040, False, 1, mma, 132) == (19, 128, 2 * 1088), "1040 -> 17 steps of 64"
+    assert cuda_gemv.geometry(301, 1040, False, 2, mma, 132) == (19, 128, 2 * 1056), "1040 -> 33 steps of 32"

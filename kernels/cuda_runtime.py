@@ -1,0 +1,118 @@
+"""Compiling and launching CUDA C kernels from Python: NVRTC for PTX on any machine (the CPU
+tests), CuPy for a loaded CUfunction on the GPU, and the driver's `cuLaunchKernelEx` for the
+launch (CuPy's own launcher cannot set programmatic dependent launch). Used by cuda_gemv.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+
+def compile_ptx(source: str, arch: str = "compute_90") -> str:
+    """`source`'s PTX from NVRTC, with no GPU needed; NVRTC from the nvidia-cuda-nvrtc wheel or the
+    system."""
+    lib = _nvrtc()
+    prog = ctypes.c_void_p()
+    _check_nvrtc(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"kernel.cu", 0, None, None),
+                 "nvrtcCreateProgram")
+    try:
+        opts = [b"-std=c++17", b"--gpu-architecture=" + arch.encode()]
+        err = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+        size = ctypes.c_size_t()
+        if err != 0:
+            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            lib.nvrtcGetProgramLog(prog, log)
+            raise RuntimeError(f"NVRTC could not compile the kernel:\n{log.value.decode()}")
+        lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+        ptx = ctypes.create_string_buffer(size.value)
+        _check_nvrtc(lib.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+        return ptx.value.decode()
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+@functools.cache
+def _nvrtc():
+    import ctypes.util
+    import glob
+    import os
+    candidates = []
+    try:
+        import nvidia.cuda_nvrtc
+        for root in nvidia.cuda_nvrtc.__path__:
+            candidates += sorted(glob.glob(os.path.join(root, "lib", "libnvrtc.so.*")))
+    except ImportError:
+        pass
+    candidates += [c for c in (ctypes.util.find_library("nvrtc"),) if c]
+    for path in candidates:
+        if ".alt." not in path:
+            return ctypes.CDLL(path)
+    raise ImportError("NVRTC not found: pip install nvidia-cuda-nvrtc-cu12 (no GPU needed)")
+
+
+def _check_nvrtc(err: int, what: str) -> None:
+    if err != 0:
+        raise RuntimeError(f"{what} failed with nvrtcResult {err}")
+
+
+_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+
+@functools.cache
+def load_function(source: str, name: str, device_index: int, max_dynamic_shared: int = 0) -> int:
+    """The CUfunction `name` of `source` compiled for `device_index` (CuPy, cached per process and
+    on disk), allowed `max_dynamic_shared` bytes of dynamic shared memory."""
+    import cupy
+    with cupy.cuda.Device(device_index):
+        kernel = cupy.RawModule(code=source, options=("-std=c++17",)).get_function(name)
+        function = getattr(kernel, "kernel", kernel).ptr  # CuPy 14 hands out a RawKernel around it
+    if max_dynamic_shared:
+        _check(_driver().cuFuncSetAttribute(ctypes.c_void_p(function), _MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                            max_dynamic_shared), "cuFuncSetAttribute")
+    return function
+
+
+def _check(err: int, what: str) -> None:
+    if err != 0:
+        raise RuntimeError(f"{what} failed with CUresult {err}")
+
+
+class _LaunchAttrValue(ctypes.Union):
+    _fields_ = [("pad", ctypes.c_uint64 * 8), ("flag", ctypes.c_int)]
+
+
+class _LaunchAttr(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _LaunchAttrValue)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttr)), ("numAttrs", ctypes.c_uint)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+@functools.cache
+def _driver():
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
+                                     ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
+    lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    return lib
+
+
+def launch(function: int, grid: int, block: int, shared: int, stream: int, args: list, pdl: bool) -> None:
+    """Launch `function` on `stream` (captured into a CUDA graph when the stream is capturing).
+    `args` are ctypes values in the kernel's parameter order; `pdl` sets programmatic stream
+    serialization, so the kernel may start before the one ahead of it ends."""
+    attr = _LaunchAttr(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value.flag = 1
+    config = _LaunchConfig(grid, 1, 1, block, 1, 1, shared, stream, ctypes.pointer(attr), 1 if pdl else 0)
+    params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+    _check(_driver().cuLaunchKernelEx(ctypes.byref(config), ctypes.c_void_p(function), params, None),
+           f"cuLaunchKernelEx (grid {grid}, block {block}, {shared} B shared)")
