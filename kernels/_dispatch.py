@@ -6,7 +6,7 @@ The only place the kernels read the environment, once, at import:
     SHARDLINE_PDL=0              launch decode kernels without programmatic dependent launch
                                  (Hopper and later; on by default there, see triton_pdl.py)
     SHARDLINE_GEMV_PDL=1         launch the CUDA C GEMV with it too (off by default: it made the
-                                 batch-1 linear stack 14% slower, cuda_gemv.py)
+                                 batch-1 linear stack 14-27% slower, cuda_gemv.py)
     TRITON_INTERPRET=1           Triton's own interpreter switch; with it, CPU tensors take the
                                  Triton path too (slow; lets kernel tests run without a GPU)
 

@@ -452,6 +452,7 @@ DEFAULT_GLU_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=2, BLOCKS=0)
 MAX_K = 50 << 10  # x is staged as fp32 in shared memory: 200 KB at most (Hopper allows 227 KB)
 
 
+@functools.cache
 def available() -> bool:
     try:
         import cupy  # noqa: F401

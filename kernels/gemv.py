@@ -68,8 +68,7 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | No
         from . import cuda_gemv
         backend = config.get("backend", "triton") if config else DEFAULT_BACKEND  # tables before "backend": Triton
         if backend == "cuda" and cuda_gemv.fits(x, weight, scale, bias):
-            return cuda_gemv.fused_linear_cuda(x, weight, scale, bias, norm_weight, residual, eps, glu,
-                                               config if config and config.get("backend") == "cuda" else None)
+            return cuda_gemv.fused_linear_cuda(x, weight, scale, bias, norm_weight, residual, eps, glu, config)
         from .triton_gemv import fused_linear_triton
         tiles = {k: v for k, v in config.items() if k != "backend"} if config and backend == "triton" else None
         return fused_linear_triton(x, weight, scale, bias, norm_weight, residual, eps, glu, tiles)
