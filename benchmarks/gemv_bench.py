@@ -46,8 +46,8 @@ def unfused(layers: list[dict], h: torch.Tensor, res: torch.Tensor) -> torch.Ten
 
     for L in layers:
         x, res = norm.rms_norm(h, L["n1"], 1e-5, res)
-        linear(x, L["qkv"])
-        attn = linear(x[:, :4096].contiguous(), L["o"])  # stands in for the attention output
+        qkv = linear(x, L["qkv"])
+        attn = linear(qkv[:, :4096].contiguous(), L["o"])  # q stands in for the attention output
         x, res = norm.rms_norm(attn, L["n2"], 1e-5, res)
         h = linear(activation.silu_and_mul(linear(x, L["up"])), L["down"])
     return h

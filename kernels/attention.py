@@ -80,3 +80,22 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
                                       scale, max_query_len=max_query_len, max_seq_len=max_seq_len)
     return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+
+
+def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                            cos_sin: torch.Tensor, rotary_dim: int, k_cache: torch.Tensor,
+                            v_cache: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                            seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *,
+                            max_seq_len: int | None = None) -> torch.Tensor:
+    """A decode step's attention from its unrotated q, k, v [T, heads, hd] (one query row per
+    sequence): rotary, the cache write and attention. On the GPU that is one kernel (the rotary
+    kernel and its launch are gone from every layer); elsewhere it is the two references, in turn.
+    Slots < 0 are skipped on the GPU (padding rows of a captured batch)."""
+    if use_triton(q):
+        from .triton_attention import paged_attention_triton
+        return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                                      max_query_len=1, max_seq_len=max_seq_len,
+                                      rotary=(k, v, positions, cos_sin, rotary_dim, slot_mapping))
+    from .rotary import apply_rotary_and_write_kv_ref
+    q = apply_rotary_and_write_kv_ref(q, k, v, positions, cos_sin, rotary_dim, k_cache, v_cache, slot_mapping)
+    return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)

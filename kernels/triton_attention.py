@@ -72,13 +72,37 @@ def _load_kv_tile(cache_ptr, bt_row_ptr, offs_n, mask_n, dims, dmask, kvh,
 
 
 @triton.jit
+def _load_rotated(base, d, mask, cs_row, HALF: tl.constexpr, ROT: tl.constexpr):
+    """x[base + d] rotated rotate-half over its first ROT dims by the cos/sin row `cs_row`, rounded
+    as triton_rotary rounds it (each product to x's dtype, then their sum); other dims as loaded."""
+    x = tl.load(base + d, mask=mask, other=0.0)
+    in_rot = d < ROT
+    first = d < HALF
+    partner = tl.load(base + tl.where(first, d + HALF, d - HALF), mask=mask & in_rot, other=0.0)
+    j = tl.where(first, d, d - HALF)
+    dt = x.dtype
+    c = tl.load(cs_row + j, mask=in_rot, other=0.0).to(dt).to(tl.float32)
+    s = tl.load(cs_row + HALF + j, mask=in_rot, other=0.0).to(dt).to(tl.float32)
+    sign = tl.where(first, -1.0, 1.0)
+    rotated = (x.to(tl.float32) * c).to(dt).to(tl.float32) + (sign * partner.to(tl.float32) * s).to(dt).to(tl.float32)
+    return tl.where(in_rot, rotated.to(dt), x)
+
+
+@triton.jit
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
                    part_out_ptr, part_lse_ptr, scale_log2, num_seqs, num_heads,
                    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
                    stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
+                   k_new_ptr, v_new_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
+                   stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h, stride_cs,
                    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                   NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr):
+                   NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, USE_PDL: tl.constexpr):
+    """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
+    sequence). The kernel rotates q and the row's new key, writes the new key and value to the
+    row's cache slot (skipped when the slot is < 0) and attends over the new token from registers:
+    the rotary kernel and the cache write need no launch of their own."""
     pdl_wait(USE_PDL)
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -103,15 +127,22 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     dmask = d < HEAD_DIM
     heads = kvh * GROUP + g
     row64 = row.to(tl.int64)
-    q = tl.load(q_ptr + row64 * stride_q_t + heads[:, None] * stride_q_h + d[None, :],
-                mask=gmask[:, None] & dmask[None, :], other=0.0)  # (G, D)
+    q_rows = q_ptr + row64 * stride_q_t + heads[:, None] * stride_q_h
+    q_mask = gmask[:, None] & dmask[None, :]
+    if ROTARY:
+        cs_row = cos_sin_ptr + tl.load(pos_ptr + row).to(tl.int64) * stride_cs
+        q = _load_rotated(q_rows, d[None, :], q_mask, cs_row, HALF, ROT)  # (G, D)
+        hi_cached = tl.minimum(hi, kv_len - 1)  # the new key comes from registers, below
+    else:
+        q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0)  # (G, D)
+        hi_cached = hi
     m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_P2], tl.float32)
     acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    for n0 in range(lo, hi, BLOCK_N):
+    for n0 in range(lo, hi_cached, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < hi
+        mask_n = offs_n < hi_cached
         k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
                           stride_k_blk, stride_k_tok, stride_k_h, BLOCK_SIZE)  # (N, D)
         v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
@@ -125,6 +156,29 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
                                             input_precision=DOT_PRECISION)
         m_i = m_new
+    if ROTARY:
+        if (kv_len > 0) & (kv_len - 1 >= lo) & (kv_len - 1 < hi):  # this split holds the new token
+            cdt = k_cache_ptr.dtype.element_ty
+            k = _load_rotated(k_new_ptr + row64 * stride_kn_t + kvh * stride_kn_h, d, dmask, cs_row,
+                              HALF, ROT).to(cdt)
+            v = tl.load(v_new_ptr + row64 * stride_vn_t + kvh * stride_vn_h + d, mask=dmask).to(cdt)
+            slot = tl.load(slot_ptr + row).to(tl.int64)
+            if slot >= 0:  # padding rows of a captured batch write nowhere
+                blk, off = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+                tl.store(k_cache_ptr + blk * stride_k_blk + off * stride_k_tok + kvh * stride_k_h + d, k,
+                         mask=dmask)
+                tl.store(v_cache_ptr + blk * stride_v_blk + off * stride_v_tok + kvh * stride_v_h + d, v,
+                         mask=dmask)
+            # The new key as the cached path reads it back: rounded to the cache's dtype, then q's.
+            kf = k.to(q.dtype).to(tl.float32)
+            s_new = tl.sum(q.to(tl.float32) * kf[None, :], axis=1) * scale_log2  # (G,)
+            m_new = tl.maximum(m_i, s_new)
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s_new - m_new)
+            l_i = l_i * alpha + p
+            vf = v.to(q.dtype).to(tl.float32)
+            acc = acc * alpha[:, None] + p.to(q.dtype).to(tl.float32)[:, None] * vf[None, :]
+            m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # an empty split leaves zeros
     omask = gmask[:, None] & dmask[None, :]
     if NUM_SPLITS == 1:
@@ -257,9 +311,11 @@ def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
 def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, *,
                            max_query_len: int | None = None, max_seq_len: int | None = None,
                            decode_config: dict | None = None, prefill_config: dict | None = None,
-                           num_splits: int | None = None):
+                           num_splits: int | None = None, rotary: tuple | None = None):
     """`decode_config`: BLOCK_N, num_warps, num_stages of the decode kernel (DECODE_CONFIG by
-    default); `num_splits`: its context splits (by default `_num_splits`)."""
+    default); `num_splits`: its context splits (by default `_num_splits`). `rotary`: (k, v,
+    positions, cos_sin, rotary_dim, slot_mapping) of a decode step whose q, k and v are unrotated
+    and not yet cached (see _decode_kernel); it requires max_query_len == 1."""
     T, nh, hd = q.shape
     block_size, nkv = k_cache.shape[1], k_cache.shape[2]
     B = block_tables.shape[0]
@@ -274,6 +330,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
                *_cache_strides(k_cache), *_cache_strides(v_cache))
     scale_log2 = scale * _LOG2E
     is_decode = max_query_len == 1 if max_query_len is not None else T == B
+    assert rotary is None or max_query_len == 1, "rotary fused into attention needs one query row per sequence"
     if is_decode:
         max_ctx = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
         splits = num_splits or _num_splits(T * nkv, max_ctx, sm_count(q))
@@ -283,10 +340,19 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
             part_lse = torch.empty((T, nh, splits), dtype=torch.float32, device=q.device)
         else:
             part_out = part_lse = out  # unused
+        if rotary is not None:
+            k, v, positions, cos_sin, rotary_dim, slot_mapping = rotary
+            assert k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin.stride(-1) == 1
+            new_kv = (k, v, positions, cos_sin, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                      cos_sin.stride(0))
+            rot = dict(ROTARY=True, HALF=rotary_dim // 2, ROT=rotary_dim)
+        else:
+            new_kv = (q, q, seq_lens, q, seq_lens, 0, 0, 0, 0, 0)  # unused
+            rot = dict(ROTARY=False, HALF=1, ROT=2)
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
-            scale_log2, B, nh, *strides, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
-            NUM_SPLITS=splits, **(decode_config or DECODE_CONFIG), **common, **pdl_args(q))
+            scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
+            NUM_SPLITS=splits, **rot, **(decode_config or DECODE_CONFIG), **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,

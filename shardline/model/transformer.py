@@ -84,14 +84,20 @@ class DecoderLayer:
         q = qkv[:, :q_size].view(T, self.num_heads, hd)
         k = qkv[:, q_size:q_size + kv_size].view(T, self.num_kv_heads, hd)
         v = qkv[:, q_size + kv_size:].view(T, self.num_kv_heads, hd)
-        if self.cos_sin is not None:  # rotary fused with the cache write: rotated k goes straight there
-            q = rotary.apply_rotary_and_write_kv(q, k, v, meta.positions, self.cos_sin, self.cfg.rotary_dim,
-                                                 k_cache, v_cache, meta.slot_mapping)
+        if self.cos_sin is not None and meta.max_query_len == 1:  # decode: rotary, cache write, attention
+            o = attention.rotary_decode_attention(q, k, v, meta.positions, self.cos_sin, self.cfg.rotary_dim,
+                                                  k_cache, v_cache, meta.slot_mapping, meta.block_tables,
+                                                  meta.seq_lens, meta.query_start_loc, self.scale,
+                                                  max_seq_len=meta.max_seq_len)
         else:
-            attention.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        o = attention.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                      meta.query_start_loc, self.scale, max_query_len=meta.max_query_len,
-                                      max_seq_len=meta.max_seq_len)  # (T, nh, hd)
+            if self.cos_sin is not None:  # rotary fused with the cache write: rotated k goes straight there
+                q = rotary.apply_rotary_and_write_kv(q, k, v, meta.positions, self.cos_sin, self.cfg.rotary_dim,
+                                                     k_cache, v_cache, meta.slot_mapping)
+            else:
+                attention.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            o = attention.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                          meta.query_start_loc, self.scale, max_query_len=meta.max_query_len,
+                                          max_seq_len=meta.max_seq_len)  # (T, nh, hd)
         return self.o_proj(o.reshape(T, q_size), add_bias=False)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:

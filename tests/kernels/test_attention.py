@@ -211,3 +211,72 @@ def test_write_kv_skips_negative_slots(device):
     vc = kc.clone()
     write_kv(k, k, kc, vc, torch.tensor([4, -1, 9], device=device))
     assert (~kc.view(-1, 2, 16).isnan().any(-1).any(-1)).sum() == 2
+
+
+def _decode_step_with_new_tokens(ctx, nh, nkv, hd, dtype, device, padding_rows=0):
+    """A decode batch whose new tokens are not yet rotated or cached: unrotated q, k, v (views of
+    one qkv projection, as the model makes them), their positions and cache slots, and the batch.
+    Padding rows (context 1, slot -1) follow the real ones, as in a captured graph."""
+    seqs = [(c, 1) for c in ctx] + [(0, 1)] * padding_rows
+    _, kw = make_paged_batch(seqs, nh, nkv, hd, dtype=dtype, device=device)
+    T, block_size = len(seqs), kw["k_cache"].shape[1]
+    qkv = torch.randn(T, (nh + 2 * nkv) * hd, dtype=dtype, device=device)
+    q, k, v = (qkv[:, :nh * hd].view(T, nh, hd), qkv[:, nh * hd:(nh + nkv) * hd].view(T, nkv, hd),
+               qkv[:, (nh + nkv) * hd:].view(T, nkv, hd))
+    positions = (kw["seq_lens"] - 1).long()
+    tables = kw["block_tables"].long()
+    slots = tables[torch.arange(T, device=device), positions // block_size] * block_size + positions % block_size
+    slots[len(ctx):] = -1
+    return q, k, v, positions, slots, kw
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("nh,nkv,hd,rd", [(6, 2, 64, 64), (32, 8, 128, 128), (4, 4, 96, 48)])
+@pytest.mark.parametrize("num_splits", [1, 2, 8])
+def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_splits):
+    """One kernel (rotary, cache write, attention over the new token from registers) against the
+    references run in turn, with context splits that do and do not hold the new token alone."""
+    from shardline.kernels.rotary import apply_rotary_and_write_kv_ref, rotary_cos_sin
+    from shardline.kernels.triton_attention import paged_attention_triton
+    skip_interpreted_bf16_dot(device, dtype)
+    if not _dispatch.use_triton(torch.empty(0, device=device)):
+        pytest.skip("the Triton kernel itself is under test")
+    ctx = [0, 14, 15, 16, 99, 300] if device == "cuda" else [0, 15, 40]
+    q, k, v, positions, slots, kw = _decode_step_with_new_tokens(ctx, nh, nkv, hd, dtype, device, padding_rows=2)
+    cos_sin = rotary_cos_sin(4096, rd, 10000.0, None, device=device)
+    real = len(ctx)
+    want_k, want_v = kw["k_cache"].clone(), kw["v_cache"].clone()
+    rq = apply_rotary_and_write_kv_ref(q[:real], k[:real], v[:real], positions[:real], cos_sin, rd, want_k, want_v,
+                                       slots[:real])
+    ref_kw = dict(kw, k_cache=want_k, v_cache=want_v)
+    want = paged_attention_ref(torch.cat([rq, q[real:]]), **ref_kw)
+    before_k, before_v = kw["k_cache"].clone(), kw["v_cache"].clone()
+    poison_allocator(q)
+    out = paged_attention_triton(q, **kw, max_query_len=1, num_splits=num_splits,
+                                 rotary=(k, v, positions, cos_sin, rd, slots))
+    assert_close(out[:real], want[:real], f"attention with rotary fused, {num_splits} splits")
+    assert torch.isfinite(out).all(), "padding rows must not produce NaN"
+    written = torch.zeros(kw["k_cache"].shape[:2], dtype=torch.bool, device=device).view(-1)
+    written[slots[:real]] = True
+    written = written.view(kw["k_cache"].shape[:2])
+    assert_close(kw["k_cache"][written], want_k[written], "rotated new keys in the cache")
+    assert_exact(kw["v_cache"][written], want_v[written], "new values in the cache")
+    assert torch.equal(kw["k_cache"][~written], before_k[~written]) and \
+        torch.equal(kw["v_cache"][~written], before_v[~written]), "only the real rows' slots are written"
+
+
+@pytest.mark.gpu
+def test_rotary_decode_attention_public_name(device):
+    """The engine's entry point: the fused kernel on the GPU, the references in turn elsewhere."""
+    from shardline.kernels.attention import rotary_decode_attention
+    from shardline.kernels.rotary import apply_rotary_and_write_kv_ref, rotary_cos_sin
+    q, k, v, positions, slots, kw = _decode_step_with_new_tokens([3, 40, 17], 8, 2, 64, torch.float32, device)
+    cos_sin = rotary_cos_sin(256, 64, 10000.0, None, device=device)
+    want_k, want_v = kw["k_cache"].clone(), kw["v_cache"].clone()
+    rq = apply_rotary_and_write_kv_ref(q, k, v, positions, cos_sin, 64, want_k, want_v, slots)
+    want = paged_attention_ref(rq, **dict(kw, k_cache=want_k, v_cache=want_v))
+    out = rotary_decode_attention(q, k, v, positions, cos_sin, 64, kw["k_cache"], kw["v_cache"], slots,
+                                  kw["block_tables"], kw["seq_lens"], kw["query_start_loc"], kw["scale"])
+    assert_close(out, want, "rotary decode attention")
+    assert_close(kw["k_cache"], want_k, "the cache after the step")
