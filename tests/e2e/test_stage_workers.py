@@ -1,4 +1,6 @@
-"""Stage workers as real processes over real gRPC: PP=2 x TP=2 (gloo), routes wired by hand.
+"""Stage workers as real processes over real gRPC: PP=2 x TP=2, routes wired by hand. On CPU the
+ranks talk over gloo; with two or more GPUs the same tests run again on CUDA, where the ranks talk
+over NCCL (rank r on GPU r) and decode steps replay CUDA graphs with the all-reduces inside.
 
 This is the per-token loop of the design without the gateway: stage 0 schedules, activations go
 to stage 1 as raw bytes, stage 1 samples and returns tokens to stage 0, which streams them.
@@ -11,6 +13,7 @@ import time
 
 import grpc
 import pytest
+import torch
 
 from shardline.config import EngineConfig
 from shardline.launcher import ClusterConfig, LocalCluster
@@ -25,9 +28,11 @@ pytestmark = pytest.mark.slow
 PROMPTS = [[1, 5, 9, 13], [1] + list(range(20, 45)), [2, 3], [7] * 9]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    config = ClusterConfig(tp=2, pp=2, with_gateway=False, num_blocks=64,
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def cluster(request, tmp_path_factory):
+    if request.param == "cuda" and torch.cuda.device_count() < 2:
+        pytest.skip("NCCL tensor parallelism needs two GPUs (one per rank); the CPU run covers the logic over gloo")
+    config = ClusterConfig(tp=2, pp=2, with_gateway=False, num_blocks=64, device=request.param,
                            workdir=str(tmp_path_factory.mktemp("cluster")))
     with LocalCluster(config) as c:
         yield c
@@ -59,7 +64,8 @@ def wait_all_free(cluster, timeout_s: float = 20.0) -> list[stage_pb2.StageStatu
 
 def test_matches_the_local_engine(cluster):
     sampling = SamplingParams(max_tokens=12, ignore_eos=True)
-    want = generate_local(cluster.model_dir, PROMPTS, sampling, EngineConfig(num_blocks=64))
+    want = generate_local(cluster.model_dir, PROMPTS, sampling,
+                          EngineConfig(num_blocks=64, device=cluster.config.device))
     got = [generate(cluster, f"m{i}", p, sampling) for i, p in enumerate(PROMPTS)]
     assert got == want, "the distributed pipeline must produce the engine's tokens"
     wait_all_free(cluster)
