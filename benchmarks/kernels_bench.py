@@ -241,7 +241,7 @@ def _paged(seq_lens_list, q_lens, dtype=BF16, table_width=None):
 
 def bench_decode_attention(sweep: bool) -> None:
     from shardline.kernels.triton_attention import paged_attention_triton
-    for B, ctx in ((1, 128), (1, 512), (1, 2048), (16, 1024), (64, 512), (256, 256)):
+    for B, ctx in ((1, 192), (1, 2048), (16, 1024), (64, 192), (64, 512), (256, 192)):
         nbytes = B * ctx * NKV * HD * 2 * 2 + 2 * B * NH * HD * 2
         shape = f"B={B} ctx={ctx}"
 
@@ -251,6 +251,30 @@ def bench_decode_attention(sweep: bool) -> None:
                 return lambda: fn(q, *args, **kw)
             return build
         bench("decode attention", shape, "triton", make(attention.paged_attention), nbytes)
+
+        def make_step(fused: bool):
+            """A decode step from the unrotated projections: rotary and the cache write, then
+            attention (two kernels), or the three fused in one (what the engine runs)."""
+            def build():
+                q, (kc, vc, tables, seq_lens, qsl, scale) = _paged([ctx] * B, [1] * B)
+                qkv = torch.randn(B, (NH + 2 * NKV) * HD, device="cuda", dtype=BF16)
+                q, k, v = (qkv[:, :NH * HD].view(B, NH, HD), qkv[:, NH * HD:(NH + NKV) * HD].view(B, NKV, HD),
+                           qkv[:, (NH + NKV) * HD:].view(B, NKV, HD))
+                pos = (seq_lens - 1).long()
+                slots = tables[torch.arange(B, device="cuda"), pos // BLOCK].long() * BLOCK + pos % BLOCK
+                cs = rotary_cos_sin(4096, HD, 500000.0, None, device="cuda")
+                if fused:
+                    return lambda: attention.rotary_decode_attention(q, k, v, pos, cs, HD, kc, vc, slots, tables,
+                                                                     seq_lens, qsl, scale, max_seq_len=ctx)
+
+                def two_kernels():
+                    rq = rotary.apply_rotary_and_write_kv(q, k, v, pos, cs, HD, kc, vc, slots)
+                    return attention.paged_attention(rq, kc, vc, tables, seq_lens, qsl, scale, max_query_len=1,
+                                                     max_seq_len=ctx)
+                return two_kernels
+            return build
+        bench("decode step attention", shape, "rotary kernel + triton", make_step(False), nbytes)
+        bench("decode step attention", shape, "rotary fused in triton", make_step(True), nbytes)
         if sweep:
             for block_n, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4)):
                 cfg = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages)
