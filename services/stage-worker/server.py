@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import logging
 import os
 import queue
@@ -265,6 +266,9 @@ def parse_args(argv: list[str] | None = None) -> StageWorkerConfig:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("SHARDLINE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # `kill -USR1 <pid>` writes every thread's Python stack to the log: how to see where a
+    # stuck rank waits (a collective, the GPU, a lock) without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         config = parse_args(argv)
         run_stage_worker_process(config)

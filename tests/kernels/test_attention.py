@@ -267,11 +267,17 @@ def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_spli
 
 
 @pytest.mark.gpu
-def test_rotary_decode_attention_public_name(device):
-    """The engine's entry point: the fused kernel on the GPU, the references in turn elsewhere."""
-    from shardline.kernels.attention import rotary_decode_attention
+@pytest.mark.parametrize("rows", [3, 70])
+def test_rotary_decode_attention_public_name(device, rows):
+    """The engine's entry point: on the GPU the fused kernel up to FUSED_ROTARY_MAX_ROWS rows and
+    the rotary kernel + attention above; the references in turn elsewhere."""
+    from shardline.kernels.attention import FUSED_ROTARY_MAX_ROWS, rotary_decode_attention
     from shardline.kernels.rotary import apply_rotary_and_write_kv_ref, rotary_cos_sin
-    q, k, v, positions, slots, kw = _decode_step_with_new_tokens([3, 40, 17], 8, 2, 64, torch.float32, device)
+    assert 3 <= FUSED_ROTARY_MAX_ROWS < 70, "the two cases should take the two paths"
+    if device != "cuda" and rows > 8:
+        pytest.skip("too slow interpreted")
+    ctx = [(7 * i) % 61 + 1 for i in range(rows)]
+    q, k, v, positions, slots, kw = _decode_step_with_new_tokens(ctx, 8, 2, 64, torch.float32, device)
     cos_sin = rotary_cos_sin(256, 64, 10000.0, None, device=device)
     want_k, want_v = kw["k_cache"].clone(), kw["v_cache"].clone()
     rq = apply_rotary_and_write_kv_ref(q, k, v, positions, cos_sin, 64, want_k, want_v, slots)
