@@ -61,35 +61,46 @@ def main() -> None:
                            startup_timeout_s=600)
     with LocalCluster(config) as cluster:
         def one(p: list[int]) -> list[float]:
+            """Arrival time of each token of one stream."""
             with Client(cluster.gateway_address) as c:
                 stamps = []
                 for d in c.stream(p, model=cluster.model_name, max_tokens=args.new, temperature=0.0, ignore_eos=True):
                     stamps.extend([time.perf_counter()] * len(d.token_ids))
             assert len(stamps) == args.new, len(stamps)
-            return [b - a for a, b in zip(stamps, stamps[1:])]
+            return stamps
 
         one(prompts[0])  # warm-up through the whole path
-        walls, gaps = [], []
+        rounds = []
         for _ in range(2):
             t = time.perf_counter()
             with cf.ThreadPoolExecutor(args.batch) as pool:
-                gaps = [g for gs in pool.map(one, prompts) for g in gs]
-            walls.append(time.perf_counter() - t)
-        served_s = min(walls)
+                streams = list(pool.map(one, prompts))
+            rounds.append((time.perf_counter() - t, t, streams))
+        served_s, t0, streams = min(rounds, key=lambda r: r[0])
+        gaps = [b - a for s in streams for a, b in zip(s, s[1:])]
+        first = sorted(s[0] - t0 for s in streams)  # time to first token, from the round's start
+        last = sorted(s[-1] - t0 for s in streams)
     tokens = args.batch * args.new
     res = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
            "device": torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine(),
            "shape": args.shape, "batch": args.batch, "prompt": args.prompt, "new": args.new,
            "engine_tok_s": round(tokens / engine_s, 1), "served_tok_s": round(tokens / served_s, 1),
            "served_over_engine": round(engine_s / served_s, 3),
-           "served_ms_between_tokens": round(1e3 * sum(gaps) / max(len(gaps), 1), 2)}
+           "served_ms_between_tokens": round(1e3 * sum(gaps) / max(len(gaps), 1), 2),
+           "served_first_token_ms": [round(1e3 * first[0], 1), round(1e3 * first[len(first) // 2], 1),
+                                     round(1e3 * first[-1], 1)],
+           "served_last_token_ms": [round(1e3 * last[0], 1), round(1e3 * last[len(last) // 2], 1),
+                                    round(1e3 * last[-1], 1)],
+           "served_rounds_s": [round(r[0], 3) for r in rounds]}
     print(json.dumps(res), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=2)
     print(f"\n{res['device']}  {res['date']}\n$ {res['command']}\n"
           f"batch {args.batch}: engine {res['engine_tok_s']} tok/s, served {res['served_tok_s']} tok/s "
-          f"-> served/engine {res['served_over_engine']} (bar >= 0.9)")
+          f"-> served/engine {res['served_over_engine']} (bar >= 0.9)\n"
+          f"served streams: first token at {res['served_first_token_ms']} ms (min, median, max from the round's "
+          f"start), last at {res['served_last_token_ms']}; rounds {res['served_rounds_s']} s")
 
 
 if __name__ == "__main__":

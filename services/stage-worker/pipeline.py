@@ -9,6 +9,8 @@ gloo (CPU) or NCCL (GPU); rank 0 drives, the others follow.
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
+import signal
 import socket
 import uuid
 from pathlib import Path
@@ -107,6 +109,7 @@ def _run_jobs(pipeline: LocalPipeline, jobs: list[tuple]) -> list:
 def _rank_main(rank: int, size: int, init_method: str, model_dir: str, config: EngineConfig,
                jobs: list[tuple], results) -> None:
     torch.set_num_threads(1)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where a stuck rank waits
     config = dataclasses.replace(config, device=rank_device(config.device, rank))
     tp = init_tp_group(rank, size, init_method, config.device)
     try:

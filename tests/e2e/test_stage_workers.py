@@ -64,8 +64,9 @@ def wait_all_free(cluster, timeout_s: float = 20.0) -> list[stage_pb2.StageStatu
 
 def test_matches_the_local_engine(cluster):
     sampling = SamplingParams(max_tokens=12, ignore_eos=True)
-    want = generate_local(cluster.model_dir, PROMPTS, sampling,
-                          EngineConfig(num_blocks=64, device=cluster.config.device))
+    # The reference is the in-process engine on the CPU, in fp32 like the cluster (on the GPU
+    # run too: the GPU's fp32 greedy tokens match it on this model).
+    want = generate_local(cluster.model_dir, PROMPTS, sampling, EngineConfig(num_blocks=64))
     got = [generate(cluster, f"m{i}", p, sampling) for i, p in enumerate(PROMPTS)]
     assert got == want, "the distributed pipeline must produce the engine's tokens"
     wait_all_free(cluster)
