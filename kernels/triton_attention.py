@@ -25,6 +25,7 @@ import triton.language as tl
 
 from ._dispatch import next_pow2, pdl_args, sm_count
 from .triton_pdl import pdl_wait
+from .triton_rotary import load_rotated
 
 _LOG2E = 1.4426950408889634
 
@@ -72,23 +73,6 @@ def _load_kv_tile(cache_ptr, bt_row_ptr, offs_n, mask_n, dims, dmask, kvh,
 
 
 @triton.jit
-def _load_rotated(base, d, mask, cs_row, HALF: tl.constexpr, ROT: tl.constexpr):
-    """x[base + d] rotated rotate-half over its first ROT dims by the cos/sin row `cs_row`, rounded
-    as triton_rotary rounds it (each product to x's dtype, then their sum); other dims as loaded."""
-    x = tl.load(base + d, mask=mask, other=0.0)
-    in_rot = d < ROT
-    first = d < HALF
-    partner = tl.load(base + tl.where(first, d + HALF, d - HALF), mask=mask & in_rot, other=0.0)
-    j = tl.where(first, d, d - HALF)
-    dt = x.dtype
-    c = tl.load(cs_row + j, mask=in_rot, other=0.0).to(dt).to(tl.float32)
-    s = tl.load(cs_row + HALF + j, mask=in_rot, other=0.0).to(dt).to(tl.float32)
-    sign = tl.where(first, -1.0, 1.0)
-    rotated = (x.to(tl.float32) * c).to(dt).to(tl.float32) + (sign * partner.to(tl.float32) * s).to(dt).to(tl.float32)
-    return tl.where(in_rot, rotated.to(dt), x)
-
-
-@triton.jit
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
                    part_out_ptr, part_lse_ptr, scale_log2, num_seqs, num_heads,
                    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
@@ -131,7 +115,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     q_mask = gmask[:, None] & dmask[None, :]
     if ROTARY:
         cs_row = cos_sin_ptr + tl.load(pos_ptr + row).to(tl.int64) * stride_cs
-        q = _load_rotated(q_rows, d[None, :], q_mask, cs_row, HALF, ROT)  # (G, D)
+        q = load_rotated(q_rows, d[None, :], q_mask, cs_row, HALF, ROT)  # (G, D)
         hi_cached = tl.minimum(hi, kv_len - 1)  # the new key comes from registers, below
     else:
         q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0)  # (G, D)
@@ -159,7 +143,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     if ROTARY:
         if (kv_len > 0) & (kv_len - 1 >= lo) & (kv_len - 1 < hi):  # this split holds the new token
             cdt = k_cache_ptr.dtype.element_ty
-            k = _load_rotated(k_new_ptr + row64 * stride_kn_t + kvh * stride_kn_h, d, dmask, cs_row,
+            k = load_rotated(k_new_ptr + row64 * stride_kn_t + kvh * stride_kn_h, d, dmask, cs_row,
                               HALF, ROT).to(cdt)
             v = tl.load(v_new_ptr + row64 * stride_vn_t + kvh * stride_vn_h + d, mask=dmask).to(cdt)
             slot = tl.load(slot_ptr + row).to(tl.int64)

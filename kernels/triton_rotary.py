@@ -19,30 +19,34 @@ from .triton_pdl import pdl_wait
 
 
 @triton.jit
-def _rotate_heads(src_ptr, dst_ptr, stride_src_h, stride_dst_h, n_heads, cos, sin,
+def load_rotated(base, d, mask, cs_row, HALF: tl.constexpr, ROT: tl.constexpr):
+    """x[base + d] rotated rotate-half over its first ROT dims by the cos/sin row `cs_row` (cos of
+    the HALF frequencies, then their sin); other dims as loaded. Rounding follows the reference:
+    cos/sin, each product and their sum are rounded to x's dtype. The rotary kernel below and the
+    fused decode attention (triton_attention.py) both rotate through this."""
+    x = tl.load(base + d, mask=mask, other=0.0)
+    in_rot = d < ROT
+    first = d < HALF
+    partner = tl.load(base + tl.where(first, d + HALF, d - HALF), mask=mask & in_rot, other=0.0)
+    j = tl.where(first, d, d - HALF)
+    dt = x.dtype
+    c = tl.load(cs_row + j, mask=in_rot, other=0.0).to(dt).to(tl.float32)
+    s = tl.load(cs_row + HALF + j, mask=in_rot, other=0.0).to(dt).to(tl.float32)
+    sign = tl.where(first, -1.0, 1.0)
+    rotated = (x.to(tl.float32) * c).to(dt).to(tl.float32) + (sign * partner.to(tl.float32) * s).to(dt).to(tl.float32)
+    return tl.where(in_rot, rotated.to(dt), x)
+
+
+@triton.jit
+def _rotate_heads(src_ptr, dst_ptr, stride_src_h, stride_dst_h, n_heads, cs_row,
                   HALF: tl.constexpr, ROT: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  HEADS_P2: tl.constexpr, HALF_P2: tl.constexpr, REST_P2: tl.constexpr):
+                  HEADS_P2: tl.constexpr, HEAD_DIM_P2: tl.constexpr):
     """src/dst point at one token's head 0; heads are stride_*_h apart, dims contiguous."""
     heads = tl.arange(0, HEADS_P2)[:, None]
-    dims = tl.arange(0, HALF_P2)[None, :]
-    mask = (heads < n_heads) & (dims < HALF)
-    x1 = tl.load(src_ptr + heads * stride_src_h + dims, mask=mask, other=0.0)
-    x2 = tl.load(src_ptr + heads * stride_src_h + HALF + dims, mask=mask, other=0.0)
-    dt = x1.dtype
-    c = cos.to(dt).to(tl.float32)
-    s = sin.to(dt).to(tl.float32)
-    x1f = x1.to(tl.float32)
-    x2f = x2.to(tl.float32)
-    o1 = (x1f * c).to(dt).to(tl.float32) + (-x2f * s).to(dt).to(tl.float32)
-    o2 = (x2f * c).to(dt).to(tl.float32) + (x1f * s).to(dt).to(tl.float32)
-    out_ty = dst_ptr.dtype.element_ty
-    tl.store(dst_ptr + heads * stride_dst_h + dims, o1.to(dt).to(out_ty), mask=mask)
-    tl.store(dst_ptr + heads * stride_dst_h + HALF + dims, o2.to(dt).to(out_ty), mask=mask)
-    if REST_P2 > 0:  # dims past rotary_dim pass through unchanged
-        rest = tl.arange(0, REST_P2)[None, :]
-        rmask = (heads < n_heads) & (ROT + rest < HEAD_DIM)
-        xr = tl.load(src_ptr + heads * stride_src_h + ROT + rest, mask=rmask, other=0.0)
-        tl.store(dst_ptr + heads * stride_dst_h + ROT + rest, xr.to(out_ty), mask=rmask)
+    dims = tl.arange(0, HEAD_DIM_P2)[None, :]
+    mask = (heads < n_heads) & (dims < HEAD_DIM)
+    x = load_rotated(src_ptr + heads * stride_src_h, dims, mask, cs_row, HALF, ROT)
+    tl.store(dst_ptr + heads * stride_dst_h + dims, x.to(dst_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -51,23 +55,18 @@ def _rotary_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, q_out_ptr, k_out_p
                    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
                    stride_qo_t, stride_qo_h, stride_ko_t, stride_ko_h,
                    stride_c_slot, stride_c_h, stride_cs, n_heads, n_kv_heads,
-                   HALF: tl.constexpr, HEAD_DIM: tl.constexpr, HALF_P2: tl.constexpr,
-                   REST_P2: tl.constexpr, HEAD_DIM_P2: tl.constexpr,
+                   HALF: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr,
                    HEADS_P2: tl.constexpr, KV_HEADS_P2: tl.constexpr, WRITE_KV: tl.constexpr, USE_PDL: tl.constexpr):
     pdl_wait(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    half = tl.arange(0, HALF_P2)[None, :]
-    cos = tl.load(cos_sin_ptr + pos * stride_cs + half, mask=half < HALF, other=0.0)
-    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + half, mask=half < HALF, other=0.0)
+    cs_row = cos_sin_ptr + tl.load(pos_ptr + t).to(tl.int64) * stride_cs
     _rotate_heads(q_ptr + t * stride_q_t, q_out_ptr + t * stride_qo_t, stride_q_h, stride_qo_h,
-                  n_heads, cos, sin, HALF, 2 * HALF, HEAD_DIM, HEADS_P2, HALF_P2, REST_P2)
+                  n_heads, cs_row, HALF, 2 * HALF, HEAD_DIM, HEADS_P2, HEAD_DIM_P2)
     if WRITE_KV:
         slot = tl.load(slot_ptr + t).to(tl.int64)
         if slot >= 0:
             _rotate_heads(k_ptr + t * stride_k_t, k_cache_ptr + slot * stride_c_slot, stride_k_h,
-                          stride_c_h, n_kv_heads, cos, sin, HALF, 2 * HALF, HEAD_DIM, KV_HEADS_P2,
-                          HALF_P2, REST_P2)
+                          stride_c_h, n_kv_heads, cs_row, HALF, 2 * HALF, HEAD_DIM, KV_HEADS_P2, HEAD_DIM_P2)
             heads = tl.arange(0, KV_HEADS_P2)[:, None]
             dims = tl.arange(0, HEAD_DIM_P2)[None, :]
             mask = (heads < n_kv_heads) & (dims < HEAD_DIM)
@@ -76,7 +75,7 @@ def _rotary_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, q_out_ptr, k_out_p
                      v.to(v_cache_ptr.dtype.element_ty), mask=mask)
     else:
         _rotate_heads(k_ptr + t * stride_k_t, k_out_ptr + t * stride_ko_t, stride_k_h, stride_ko_h,
-                      n_kv_heads, cos, sin, HALF, 2 * HALF, HEAD_DIM, KV_HEADS_P2, HALF_P2, REST_P2)
+                      n_kv_heads, cs_row, HALF, 2 * HALF, HEAD_DIM, KV_HEADS_P2, HEAD_DIM_P2)
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -107,9 +106,7 @@ def _launch(q, k, v, positions, cos_sin, rotary_dim, k_cache, v_cache, slot_mapp
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
             c_strides[0], c_strides[1], cos_sin.stride(0), nh, nkv,
-            HALF=half, HEAD_DIM=hd, HALF_P2=next_pow2(half),
-            REST_P2=next_pow2(hd - rotary_dim) if hd > rotary_dim else 0,
-            HEAD_DIM_P2=next_pow2(hd), HEADS_P2=next_pow2(nh), KV_HEADS_P2=next_pow2(nkv),
+            HALF=half, HEAD_DIM=hd, HEAD_DIM_P2=next_pow2(hd), HEADS_P2=next_pow2(nh), KV_HEADS_P2=next_pow2(nkv),
             WRITE_KV=write_kv, num_warps=4, **pdl_args(q))
     return q_out, (None if write_kv else k_out)
 

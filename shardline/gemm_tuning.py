@@ -41,6 +41,16 @@ TRITON_CONFIGS_WIDE = [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num
                            (128, 128, 2, 8, 4), (128, 128, 4, 8, 4), (128, 64, 2, 4, 5), (128, 64, 4, 4, 5),
                            (64, 64, 4, 4, 6), (64, 64, 8, 4, 6), (64, 128, 2, 4, 5), (32, 128, 4, 4, 5),
                            (128, 256, 1, 8, 2), (128, 256, 2, 8, 2))]
+
+
+def triton_candidates(m: int) -> list[dict]:
+    """The split-K Triton tiles timed at M = m: none above quant.SMALL_M_MAX (64), where the
+    product is compute-bound and cuBLAS is the choice."""
+    if m > 64:
+        return []
+    return TRITON_CONFIGS + (TRITON_CONFIGS_WIDE if m > 16 else [])
+
+
 # GEMV tiles (batch 1). Triton: 16 or 32 weight elements per thread per tile, the ones that
 # compile without spills for every fused variant (benchmarks/gemv_registers.py). CUDA C: warps per
 # block, rows per warp, 16-byte chunks in flight per row and lane, blocks per multiprocessor.
@@ -171,7 +181,7 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
             best = {"impl": "cublas", "config": None, "us": cublas_us}
             reference = default(0)
             candidates = [("triton", cfg, lambda i, c=cfg: quant.small_m_linear(x, ws[i], scale, None, c), reference)
-                          for cfg in (TRITON_CONFIGS + (TRITON_CONFIGS_WIDE if m > 16 else []) if m <= 64 else [])]
+                          for cfg in triton_candidates(m)]
             if gemv.fits(x, w) and name in GEMV_FUSION:
                 run_gemv, gemv_reference = _gemv_runner(x, ws, scale, *GEMV_FUSION[name])
                 candidates += [("gemv", cfg, lambda i, c=cfg: run_gemv(i, c), gemv_reference) for cfg in GEMV_CONFIGS
