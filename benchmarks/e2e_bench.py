@@ -21,10 +21,12 @@ import platform
 import sys
 import time
 
+import grpc
 import torch
 
 from benchmarks.decode_bench import build
 from shardline.client import Client
+from shardline.v1 import stage_pb2, stage_pb2_grpc
 from shardline.launcher import ClusterConfig, LocalCluster, free_port
 from shardline.sampling import SamplingParams
 
@@ -36,6 +38,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2, help="served rounds; the fastest counts")
+    ap.add_argument("--workdir", help="keep the cluster's logs here (with --trace: a line per stage-0 step)")
+    ap.add_argument("--trace", action="store_true", help="stage workers log at DEBUG: every step's rows and path")
     ap.add_argument("--out")
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
@@ -58,7 +63,8 @@ def main() -> None:
 
     config = ClusterConfig(random_shape=args.shape, pp=1, device=args.device, dtype=dtype, grpc_port=free_port(),
                            max_model_len=4096 if cuda else 1024, num_blocks=None if cuda else 512,
-                           startup_timeout_s=600)
+                           startup_timeout_s=600, workdir=args.workdir,
+                           extra_env={"SHARDLINE_LOG_LEVEL": "DEBUG"} if args.trace else {})
     with LocalCluster(config) as cluster:
         def one(p: list[int]) -> list[float]:
             """Arrival time of each token of one stream."""
@@ -69,14 +75,25 @@ def main() -> None:
             assert len(stamps) == args.new, len(stamps)
             return stamps
 
+        channel = grpc.insecure_channel(cluster.stage_addresses[0][0])
+        stage0 = stage_pb2_grpc.StageWorkerStub(channel)
+
+        def counters() -> tuple[int, float]:
+            c = stage0.GetStatus(stage_pb2.StatusRequest(), timeout=10).counters
+            return c.num_steps, c.busy_seconds
+
         one(prompts[0])  # warm-up through the whole path
         rounds = []
-        for _ in range(2):
+        for _ in range(args.rounds):
+            steps0, busy0 = counters()
             t = time.perf_counter()
             with cf.ThreadPoolExecutor(args.batch) as pool:
                 streams = list(pool.map(one, prompts))
-            rounds.append((time.perf_counter() - t, t, streams))
-        served_s, t0, streams = min(rounds, key=lambda r: r[0])
+            wall = time.perf_counter() - t
+            steps1, busy1 = counters()
+            rounds.append((wall, t, streams, steps1 - steps0, busy1 - busy0))
+        channel.close()
+        served_s, t0, streams, _, _ = min(rounds, key=lambda r: r[0])
         gaps = [b - a for s in streams for a, b in zip(s, s[1:])]
         first = sorted(s[0] - t0 for s in streams)  # time to first token, from the round's start
         last = sorted(s[-1] - t0 for s in streams)
@@ -91,7 +108,12 @@ def main() -> None:
                                      round(1e3 * first[-1], 1)],
            "served_last_token_ms": [round(1e3 * last[0], 1), round(1e3 * last[len(last) // 2], 1),
                                     round(1e3 * last[-1], 1)],
-           "served_rounds_s": [round(r[0], 3) for r in rounds]}
+           "served_rounds_s": [round(r[0], 3) for r in rounds],
+           # stage 0's steps in each round, and the seconds it spent in them: a step count above
+           # `new` + a few means arrivals split the batch; busy far below the round's wall means
+           # the worker waited (on the network, the gateway), not the GPU
+           "served_round_steps": [r[3] for r in rounds],
+           "served_round_busy_s": [round(r[4], 3) for r in rounds]}
     print(json.dumps(res), flush=True)
     if args.out:
         with open(args.out, "w") as f:
@@ -100,7 +122,8 @@ def main() -> None:
           f"batch {args.batch}: engine {res['engine_tok_s']} tok/s, served {res['served_tok_s']} tok/s "
           f"-> served/engine {res['served_over_engine']} (bar >= 0.9)\n"
           f"served streams: first token at {res['served_first_token_ms']} ms (min, median, max from the round's "
-          f"start), last at {res['served_last_token_ms']}; rounds {res['served_rounds_s']} s")
+          f"start), last at {res['served_last_token_ms']}; rounds {res['served_rounds_s']} s, "
+          f"stage-0 steps {res['served_round_steps']}, busy {res['served_round_busy_s']} s")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ stage's hidden rows, and that metadata, change between replays.
 from __future__ import annotations
 
 import bisect
+import logging
+import time
 
 import numpy as np
 import torch
@@ -24,6 +26,7 @@ import torch
 from shardline.model.transformer import StageModel, StepMetadata
 from shardline.stage_worker.staging import HostStep, PinnedStaging
 
+log = logging.getLogger("shardline.stage_worker")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 CONTEXT_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)
 
@@ -94,7 +97,10 @@ class CudaGraphRunner:
         if key is None:
             return None
         if key not in self.graphs:
+            started = time.perf_counter()
             self.graphs[key] = self._capture(*key)
+            log.info("captured the decode graph for %d rows, context %d, in %.0f ms", *key,
+                     1e3 * (time.perf_counter() - started))
         b, ctx = key
         layout = self._layout(b, ctx)
         host_ids = self.model.is_first and inputs.device.type == "cpu"

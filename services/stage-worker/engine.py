@@ -147,6 +147,9 @@ class StageEngine:
         out = None
         if self.graphs is not None and step.max_query_len == 1 and not batch.return_logits:
             out = self.graphs.run(inputs, step)
+        if log.isEnabledFor(logging.DEBUG):  # SHARDLINE_LOG_LEVEL=DEBUG: one line a step
+            log.debug("step %d at %.4f: %d chunks, %d tokens, longest query %d, %s", self.num_steps, started,
+                      len(batch.chunks), batch.num_tokens, step.max_query_len, "graph" if out is not None else "eager")
         if out is None:
             meta = _to_device(step.metadata(), self.device)
             out = self.model.forward(inputs.to(self.device), meta, self.kv_layers)
