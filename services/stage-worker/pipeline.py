@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
+import multiprocessing.connection
+import os
 import signal
 import socket
+import sys
+import traceback
 import uuid
 from pathlib import Path
 
@@ -112,22 +116,48 @@ def _rank_main(rank: int, size: int, init_method: str, model_dir: str, config: E
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where a stuck rank waits
     config = dataclasses.replace(config, device=rank_device(config.device, rank))
     tp = init_tp_group(rank, size, init_method, config.device)
+    ok = False
     try:
         pipeline = LocalPipeline(model_dir, tp, config)
         if not tp.is_driver:
             follow(tp, {i: e for i, e in enumerate(pipeline.engines)})
-            return
-        try:
-            # Tensors go back by value (numpy): torch would share them through a file descriptor
-            # that dies with this process.
-            out = [o.numpy() if isinstance(o, torch.Tensor) else o for o in _run_jobs(pipeline, jobs)]
-            results.put(("ok", out))
-        except Exception as e:  # noqa: BLE001 - reported to the parent, which re-raises
-            results.put(("error", f"{type(e).__name__}: {e}"))
-        finally:
-            pipeline.close()
+        else:
+            try:
+                # Tensors go back by value (numpy): torch would share them through a file descriptor
+                # that dies with this process.
+                out = [o.numpy() if isinstance(o, torch.Tensor) else o for o in _run_jobs(pipeline, jobs)]
+                results.send(("ok", out))
+            except Exception as e:  # noqa: BLE001 - reported to the parent, which re-raises
+                results.send(("error", f"{type(e).__name__}: {e}"))
+            finally:
+                pipeline.close()
+        ok = True
     finally:
+        if tp.device.type == "cuda":
+            # destroy_process_group hangs once NCCL collectives were captured in CUDA graphs
+            # (pytorch/pytorch#115388; seen here on two H200s, torch 2.11, NCCL 2.28.9): the
+            # result is already sent, so leave without tearing the communicators down.
+            if not ok:
+                traceback.print_exc()
+            torch.cuda.synchronize()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0 if ok else 1)
         torch.distributed.destroy_process_group()
+
+
+def _wait_for_result(receiver, procs: list) -> tuple | None:
+    """The driver's (status, payload) as soon as it comes (a large one fills the pipe, and the
+    driver blocks until it is read), or None once every rank has exited without one."""
+    while True:
+        alive = [p.sentinel for p in procs if p.is_alive()]
+        if receiver in multiprocessing.connection.wait([receiver, *alive]):
+            try:
+                return receiver.recv()
+            except EOFError:  # every rank closed its end without sending
+                return None
+        if not alive:
+            return None
 
 
 def run_local(model_dir: str | Path, jobs: list[tuple], config: EngineConfig | None = None) -> list:
@@ -138,18 +168,22 @@ def run_local(model_dir: str | Path, jobs: list[tuple], config: EngineConfig | N
     if tp_size == 1:
         return _run_jobs(LocalPipeline(model_dir, single_rank(), config), jobs)
     ctx = torch.multiprocessing.get_context("spawn")
-    results = ctx.SimpleQueue()
+    receiver, sender = ctx.Pipe(duplex=False)
     init_method = f"tcp://127.0.0.1:{_free_port()}"
-    procs = [ctx.Process(target=_rank_main, args=(r, tp_size, init_method, str(model_dir), config, jobs, results),
+    procs = [ctx.Process(target=_rank_main, args=(r, tp_size, init_method, str(model_dir), config, jobs, sender),
                          daemon=True) for r in range(tp_size)]
     for p in procs:
         p.start()
+    sender.close()  # ours: the pipe reads EOF once every rank's copy is closed
+    result = _wait_for_result(receiver, procs)
     for p in procs:
-        p.join()
-    if results.empty():
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+    if result is None:
         codes = [p.exitcode for p in procs]
         raise RuntimeError(f"TP ranks exited with codes {codes} before returning a result")
-    status, out = results.get()
+    status, out = result
     if status != "ok":
         raise RuntimeError(out)
     return [torch.from_numpy(o) if not isinstance(o, list) else o for o in out]

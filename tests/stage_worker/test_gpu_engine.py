@@ -94,3 +94,18 @@ def test_greedy_64_steps_bf16_are_reference_greedy_choices(models):
         slack = 0.03 * rows.abs().amax(dim=1) + 0.02
         bad = (chosen < rows.max(dim=1).values - slack).nonzero().flatten().tolist()
         assert not bad, f"steps {bad} picked a token the reference ranks clearly below its argmax"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (one per TP rank); the gloo run "
+                    "of the same ranks is covered on the CPU")
+def test_two_tp_ranks_on_two_gpus_match_the_cpu_ranks_and_exit(tmp_path, tiny_hf):
+    """generate_local with TP = 2 over NCCL, graphs captured around the all-reduces: the same greedy
+    tokens as the same two ranks over gloo on the CPU, and the ranks exit afterwards (tearing the
+    NCCL group down once graphs captured it used to hang them: pytorch/pytorch#115388)."""
+    from shardline.stage_worker.pipeline import generate_local
+
+    convert(tiny_hf("llama"), tmp_path / "tp2", tp=2, pp=2, dtype="fp32")
+    sampling = SamplingParams(max_tokens=12, ignore_eos=True)
+    want = generate_local(tmp_path / "tp2", PROMPTS, sampling, EngineConfig(num_blocks=64))
+    got = generate_local(tmp_path / "tp2", PROMPTS, sampling, EngineConfig(device="cuda", num_blocks=64))
+    assert got == want
