@@ -250,6 +250,9 @@ class EngineConfig:
     device: str = "cpu"
     verify_checksums: bool = True
     use_cuda_graphs: bool = True  # GPU decode steps replay captured graphs
+    # Capture every (batch, context) bucket's graph before the stage reports ready; False: each on
+    # its first use, which stalls that step (seconds for the first, with Triton compiling).
+    capture_graphs_at_start: bool = True
     # Launch decode step N+1 before reading step N's tokens (one-stage models; services/stage-worker/
     # overlap.py): on the H200 it took batch 64 from 5.88 to 5.38 ms/step (docs/benchmarks.md).
     overlap_decode: bool = True

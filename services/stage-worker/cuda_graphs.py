@@ -48,6 +48,7 @@ class CudaGraphRunner:
         self.sample_rows = torch.arange(B, dtype=torch.int64, device=dev)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
+        self.num_replays = 0
 
     def buckets(self, num_seqs: int, max_seq_len: int) -> tuple[int, int] | None:
         """The graph a decode step of `num_seqs` sequences (longest `max_seq_len`) replays, or None."""
@@ -56,6 +57,17 @@ class CudaGraphRunner:
         if bi == len(self.batch_buckets) or ci == len(self.context_buckets):
             return None
         return self.batch_buckets[bi], self.context_buckets[ci]
+
+    def capture_all(self) -> None:
+        """Capture every (batch, context) bucket now, largest first (the smaller graphs then reuse
+        the pool's blocks), so no request waits for a capture."""
+        started = time.perf_counter()
+        for ctx in reversed(self.context_buckets):
+            for b in reversed(self.batch_buckets):
+                if (b, ctx) not in self.graphs:
+                    self.graphs[(b, ctx)] = self._capture(b, ctx)
+        log.info("captured %d decode graphs (batches %s x contexts %s) in %.1f s", len(self.graphs),
+                 self.batch_buckets, self.context_buckets, time.perf_counter() - started)
 
     def _layout(self, b: int, ctx: int) -> "StepLayout":
         return StepLayout(b, -(-ctx // self.block_size))
@@ -112,6 +124,7 @@ class CudaGraphRunner:
             dst.copy_(inputs, non_blocking=True)
         graph, out = self.graphs[key]
         graph.replay()
+        self.num_replays += 1
         return out[:n]
 
 

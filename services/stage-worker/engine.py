@@ -99,6 +99,13 @@ class StageEngine:
         if self.device.type == "cuda" and config.use_cuda_graphs and not TRITON_DISABLED:
             self.graphs = CudaGraphRunner(self.model, self.kv_layers, config.max_num_seqs, self.max_model_len,
                                           config.block_size)
+            if config.capture_graphs_at_start:
+                try:
+                    self.graphs.capture_all()
+                except torch.cuda.OutOfMemoryError as e:
+                    raise ConfigError(f"capturing the decode graphs ran out of GPU memory ({e}); leave more "
+                                      f"room with a lower --gpu-memory-fraction or --max-num-seqs, or capture "
+                                      f"on first use with --lazy-graphs") from None
         self.readback = TokenReadback(config.max_num_seqs, self.device)
         self.num_steps = 0
         self.num_tokens = 0

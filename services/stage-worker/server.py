@@ -247,6 +247,8 @@ def parse_args(argv: list[str] | None = None) -> StageWorkerConfig:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--drain-timeout", type=float, default=30.0)
+    p.add_argument("--lazy-graphs", action="store_true",
+                   help="capture each decode CUDA graph on first use, not all before reporting ready")
     p.add_argument("--gemm-config", help="GEMM choices from `shardline tune-gemm` (GPU)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--orphan-timeout", type=float, default=300.0,
@@ -254,7 +256,8 @@ def parse_args(argv: list[str] | None = None) -> StageWorkerConfig:
     a = p.parse_args(argv)
     engine = EngineConfig(device=a.device, num_blocks=a.num_blocks, block_size=a.block_size,
                           gpu_memory_fraction=a.gpu_memory_fraction, max_model_len=a.max_model_len,
-                          max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, gemm_config=a.gemm_config)
+                          max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, gemm_config=a.gemm_config,
+                          capture_graphs_at_start=not a.lazy_graphs)
     return StageWorkerConfig(model_dir=a.model, random_shape=a.random_shape, random_pp=a.random_pp,
                              random_dtype=a.random_dtype, stage=a.stage, host=a.host, port=a.port,
                              advertise_host=a.advertise_host, model_name=a.model_name, replica_id=a.replica_id,

@@ -6,6 +6,7 @@ bf16 tolerance of the fp32 reference, and greedy tokens match the unoptimised pa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -63,6 +64,15 @@ def reference_logits(model_dir, sequences) -> list:
     return [torch.tensor(x) for x in out]
 
 
+def test_every_decode_graph_is_captured_before_the_first_request(models):
+    config = EngineConfig(device="cuda", num_blocks=256, max_num_seqs=20)
+    runner = LocalPipeline(models / "fp32", config=config).engines[0].graphs
+    assert runner.batch_buckets == [1, 2, 4, 8, 16, 20] and runner.context_buckets == [256]  # 256 positions
+    assert set(runner.graphs) == {(b, c) for b in runner.batch_buckets for c in runner.context_buckets}
+    lazy = LocalPipeline(models / "fp32", config=dataclasses.replace(config, capture_graphs_at_start=False))
+    assert not lazy.engines[0].graphs.graphs
+
+
 def test_bf16_logits_within_tolerance_of_fp32(models):
     ref = LocalPipeline(models / "fp32", config=GPU)
     fast = LocalPipeline(models / "bf16", config=GPU)
@@ -77,7 +87,7 @@ def test_greedy_64_steps_fp32_identical_to_unoptimised_path(models):
     fast = LocalPipeline(models / "fp32", config=GPU)
     assert fast.engines[0].graphs is not None, "decode steps should replay CUDA graphs on the GPU"
     got = fast.generate(PROMPTS, SamplingParams(max_tokens=64, ignore_eos=True))
-    assert fast.engines[0].graphs.graphs, "no decode step replayed a captured graph"
+    assert fast.engines[0].graphs.num_replays, "no decode step replayed a captured graph"
     assert got == unoptimised(models / "fp32", PROMPTS, 64), "fused kernels/graphs changed greedy tokens"
 
 
