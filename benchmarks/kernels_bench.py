@@ -388,8 +388,24 @@ def bench_int8(sweep: bool) -> None:
               f"int8 {t8 / 1e3:.2f} ms vs bf16 {tb / 1e3:.2f} ms ({tb / t8:.2f}x)", flush=True)
 
 
+def bench_sampling() -> None:
+    """Greedy sampling's argmax over Llama-3's fp32 logits: torch's one pass against the sampler's
+    two passes (shardline.sampling.argmax_rows)."""
+    from shardline.sampling import argmax_rows
+    vocab = 128256
+    for B in (1, 16, 64):
+        def make(fn):
+            def build():
+                x = torch.randn(B, vocab, device="cuda")
+                return lambda: fn(x)
+            return build
+        for impl, fn in (("torch argmax", lambda x: x.argmax(dim=-1)), ("two-pass argmax_rows", argmax_rows)):
+            bench("greedy argmax", f"B={B} V={vocab} fp32", impl, make(fn), B * vocab * 4)
+
+
 SECTIONS = {"norm": bench_norm, "activation": bench_activation, "rotary": bench_rotary_and_kv,
-            "decode": bench_decode_attention, "prefill": bench_prefill_attention, "int8": bench_int8}
+            "decode": bench_decode_attention, "prefill": bench_prefill_attention, "int8": bench_int8,
+            "sampling": bench_sampling}
 
 
 def main() -> None:
