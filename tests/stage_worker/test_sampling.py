@@ -7,11 +7,15 @@ import torch
 
 from shardline.sampling import SamplingParams, _argmax_chunks, argmax_rows, sample
 
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU; the same ops run on the CPU above")])]
 
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("vocab", [128256, 50400, 32000, 512, 1000, 257, 7])
-def test_two_pass_argmax_equals_argmax(vocab):
+def test_two_pass_argmax_equals_argmax(vocab, device):
     g = torch.Generator().manual_seed(vocab)
-    x = torch.randn(5, vocab, generator=g)
+    x = torch.randn(5, vocab, generator=g).to(device)
     assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
 
 
@@ -23,10 +27,11 @@ def test_chunks_divide_the_vocabulary_and_stay_wide():
         assert vocab % c == 0 and (c == 1 or vocab // c >= 256)
 
 
-def test_ties_take_the_first_maximum_across_and_within_chunks():
+@pytest.mark.parametrize("device", DEVICES)
+def test_ties_take_the_first_maximum_across_and_within_chunks(device):
     vocab = 128256
     step = vocab // _argmax_chunks(vocab)
-    x = torch.zeros(4, vocab)
+    x = torch.zeros(4, vocab, device=device)
     x[0, [step * 3 + 7, step * 9 + 1, 5 * step]] = 2.0  # across chunks: the lowest index wins
     x[1, [step * 4 + 10, step * 4 + 3]] = 1.0  # within one chunk
     x[2, -1] = 3.0  # the last entry
