@@ -390,8 +390,8 @@ def bench_int8(sweep: bool) -> None:
 
 def bench_sampling() -> None:
     """Greedy sampling's argmax over Llama-3's fp32 logits: torch's one pass against the sampler's
-    two passes (shardline.sampling.argmax_rows)."""
-    from shardline.sampling import argmax_rows
+    two passes (shardline.sampler.argmax_rows)."""
+    from shardline.sampler import argmax_rows
     vocab = 128256
     for B in (1, 16, 64):
         def make(fn):

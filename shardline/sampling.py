@@ -1,21 +1,14 @@
-"""Sampling parameters and the sampler.
+"""Sampling parameters: what a request asks for, validated where it enters (gateway, stage 0).
 
-Randomness is a pure function of (seed, position, token id): a counter-based hash turns each into
-a uniform number, and sampling is the exponential race argmax(p / -log u) — exactly a draw from p.
-No generator state exists, so a request resumed on another replica (prompt + tokens so far
-recomputed) draws exactly what it would have drawn, and a sequence's draw never depends on which
-other sequences share its batch.
+The sampler that draws with them runs on the last stage (shardline/sampler.py, torch); this
+module imports no torch, so the gateway and the SDK need none.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
-import torch
-
 MAX_TOP_K = 1 << 20
-_MASK32 = 0xFFFFFFFF
 
 
 @dataclass(frozen=True)
@@ -52,84 +45,3 @@ class SamplingParams:
         d = dict(d)
         d["stop_token_ids"] = tuple(d.get("stop_token_ids", ()))
         return cls(**d)
-
-
-def _hash32(x: torch.Tensor) -> torch.Tensor:
-    """murmur3's finaliser on int64 tensors holding 32-bit values (products wrap; low bits exact)."""
-    x = x & _MASK32
-    x = x ^ (x >> 16)
-    x = (x * 0x85EBCA6B) & _MASK32
-    x = x ^ (x >> 13)
-    x = (x * 0xC2B2AE35) & _MASK32
-    return x ^ (x >> 16)
-
-
-def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """u in (0, 1) of shape [B, vocab], a function of (seed, position, token id) only."""
-    device = seeds.device
-    s = _hash32(seeds.long() ^ 0x9E3779B9)
-    p = _hash32(positions.long() * 0x27D4EB2F + s)  # (B,)
-    idx = torch.arange(vocab, device=device, dtype=torch.int64)
-    h = _hash32(p[:, None] * 0x165667B1 + idx[None, :] + (s[:, None] << 1))  # (B, V)
-    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
-
-
-@functools.lru_cache(maxsize=None)
-def _argmax_chunks(vocab: int) -> int:
-    """Chunks of the two-pass argmax: the most that divide `vocab`, at most 256 of at least 256."""
-    for c in range(min(256, vocab // 256), 1, -1):
-        if vocab % c == 0:
-            return c
-    return 1
-
-
-def argmax_rows(x: torch.Tensor) -> torch.Tensor:
-    """x.argmax(dim=-1) of a [B, V] tensor, the first maximum on ties, in two passes: the maximum
-    of each of C chunks of a row (B x C outputs in parallel), then of the chunk maxima. On a GPU,
-    torch's one-pass argmax of a few long rows runs on a few blocks: for one 128,256-wide row it
-    took 27 us on an H200 (benchmarks/profile_decode.py), ~0.6% of a batch-1 decode step."""
-    B, V = x.shape
-    chunks = _argmax_chunks(V)
-    if chunks == 1:
-        return x.argmax(dim=-1)
-    values, within = x.reshape(B, chunks, V // chunks).max(dim=-1)  # first maximum of each chunk
-    chunk = values.argmax(dim=-1, keepdim=True)  # the first chunk holding the row's maximum
-    return (chunk * (V // chunks) + within.gather(1, chunk))[:, 0]
-
-
-def sample(logits: torch.Tensor, params: list[SamplingParams], positions: torch.Tensor) -> torch.Tensor:
-    """logits [B, V] (fp32), one SamplingParams per row, positions [B] = index of the token drawn.
-
-    Returns token ids [B]. Greedy rows take argmax (first max on ties, as HF does).
-    """
-    greedy = argmax_rows(logits)
-    if all(p.is_greedy for p in params):
-        return greedy
-    # Every per-row parameter in one host tensor and one copy (pinned on a GPU, so the copy does
-    # not wait for the kernels queued before it: see stage_worker/staging.py).
-    device = logits.device
-    vocab = logits.shape[-1]
-    rows = torch.tensor([[p.temperature if not p.is_greedy else 1.0 for p in params],
-                         [p.top_k if 0 < p.top_k < vocab else vocab for p in params],
-                         [p.top_p for p in params], [float(p.is_greedy) for p in params]], dtype=torch.float64)
-    ints = torch.stack([torch.tensor([p.seed for p in params], dtype=torch.int64), positions.cpu().long()])
-    if device.type == "cuda":
-        rows, ints = rows.pin_memory(), ints.pin_memory()
-    rows, ints = rows.to(device, non_blocking=True), ints.to(device, non_blocking=True)
-    temps, k_t, p_t, is_greedy = rows[0].float(), rows[1].long(), rows[2].float()[:, None], rows[3] > 0
-    seeds, positions = ints[0], ints[1]
-    x = logits.float() / temps[:, None]
-    if any(0 < p.top_k < vocab for p in params):
-        sorted_desc = x.sort(dim=-1, descending=True).values
-        kth = sorted_desc.gather(1, (k_t - 1)[:, None])  # (B, 1)
-        x = x.masked_fill(x < kth, float("-inf"))
-    probs = torch.softmax(x, dim=-1)
-    if any(p.top_p < 1.0 for p in params):
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (the token crossing it is kept).
-        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= p_t
-        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
-    u = uniform_noise(seeds, positions, vocab)
-    drawn = argmax_rows(probs / -torch.log(u))
-    return torch.where(is_greedy, greedy, drawn)

@@ -104,7 +104,6 @@ class Generation:
     _slot: Slot | None = None
     _has_ended: bool = False
     _num_recorded: int = 0  # generated ids already written to the Redis record
-    _recorded_at: float = 0.0  # monotonic time of the last such write
 
     # -- control from outside (Cancel RPC, registry watchdog) ---------------------------------------
 
@@ -286,24 +285,35 @@ class Generation:
                               f"failure: {why}")
 
     async def _record_token(self, token_id: int) -> None:
-        """Keep the token; write it to the Redis record at once if it is the first, else at most
-        every record_interval_s (a Redis round trip per token would cost more than the rest of the
-        gateway's per-token work)."""
+        """Keep the token. The first is written to the Redis record at once; later ones go with
+        the gateway's next batched write (Gateway._flush_records, every record_interval_s, one
+        transaction for every running request: a write per token per request cost more than the
+        rest of the gateway's per-token work)."""
         if not self.generated:
             self.first_token_at = time.time()
-        self.generated.append(token_id)
-        if len(self.generated) == 1 or time.monotonic() - self._recorded_at >= self.gateway.config.record_interval_s:
+            self.generated.append(token_id)
             await self.flush_record()
+            return
+        self.generated.append(token_id)
+        self.gateway.unrecorded[self.request_id] = self
 
-    async def flush_record(self) -> None:
-        """Write the generated ids not yet in the Redis record."""
+    def take_unrecorded(self) -> tuple[str, list[int], int, float | None] | None:
+        """The ids not yet in the Redis record, as RecordStore.append_tokens_many takes them, now
+        counted as recorded; None when there are none. Call with gateway.record_lock held, so that
+        a request's writes reach Redis in order."""
         num_recorded = self._num_recorded
         if num_recorded >= len(self.generated):
-            return
-        self._num_recorded, self._recorded_at = len(self.generated), time.monotonic()
-        await self._best_effort(self.gateway.records.append_tokens(
-            self.request_id, self.generated[num_recorded:], len(self.generated),
-            self.first_token_at if num_recorded == 0 else None))
+            return None
+        self._num_recorded = len(self.generated)
+        return (self.request_id, self.generated[num_recorded:], len(self.generated),
+                self.first_token_at if num_recorded == 0 else None)
+
+    async def flush_record(self) -> None:
+        """Write the generated ids not yet in the Redis record (a resume and the end need it whole)."""
+        async with self.gateway.record_lock:
+            append = self.take_unrecorded()
+            if append is not None:
+                await self._best_effort(self.gateway.records.append_tokens(*append))
 
     async def _best_effort(self, record_write) -> None:
         """A running request outlives a Redis blip: its record falls behind, the client does not."""

@@ -95,13 +95,19 @@ class RecordStore:
 
     async def append_tokens(self, request_id: str, token_ids: list[int], num_generated: int,
                             first_token_at: float | None = None) -> None:
+        await self.append_tokens_many([(request_id, token_ids, num_generated, first_token_at)])
+
+    async def append_tokens_many(self, appends: list[tuple[str, list[int], int, float | None]]) -> None:
+        """(request id, new ids, ids generated so far, first-token time or None) for any number of
+        requests, in one transaction: one round trip however many requests are running."""
         async with self.redis.pipeline(transaction=True) as p:
-            p.rpush(generated_key(request_id), *token_ids)
-            mapping = {"num_generated_tokens": num_generated}
-            if first_token_at is not None:
-                mapping["first_token_at"] = first_token_at
-                p.pexpire(generated_key(request_id), self.active_ttl_ms)
-            p.hset(record_key(request_id), mapping=mapping)
+            for request_id, token_ids, num_generated, first_token_at in appends:
+                p.rpush(generated_key(request_id), *token_ids)
+                mapping = {"num_generated_tokens": num_generated}
+                if first_token_at is not None:
+                    mapping["first_token_at"] = first_token_at
+                    p.pexpire(generated_key(request_id), self.active_ttl_ms)
+                p.hset(record_key(request_id), mapping=mapping)
             await p.execute()
 
     async def finish(self, request_id: str, state: str, finish_reason: str, error: str,

@@ -65,6 +65,10 @@ class Gateway:
         self.admitted_at: dict[str, float] = {}  # request id -> unix time it first got a route
         self._tokenizers: dict[str, TokenizerClient] = {}
         self._active: dict[str, Generation] = {}
+        # Requests with generated ids not yet in Redis, written together every record_interval_s;
+        # the lock keeps one request's writes in order (Generation.flush_record takes it too).
+        self.unrecorded: dict[str, Generation] = {}
+        self.record_lock = asyncio.Lock()
         self._replicas: list[ReplicaInfo] = []  # registry snapshot, refreshed every registry_poll_s
         self._last_views: dict[str, ModelView] = {}  # every model seen since start, as last seen
         self._suspects: dict[str, float] = {}  # replica address -> until when routes avoid it
@@ -78,6 +82,7 @@ class Gateway:
     async def start(self) -> None:
         await self.refresh_replicas()
         self._tasks = [asyncio.create_task(self._watch_registry(), name="gateway-registry"),
+                       asyncio.create_task(self._flush_records(), name="gateway-records"),
                        asyncio.create_task(self._watch_cancels(), name="gateway-cancels")]
 
     async def close(self) -> None:
@@ -144,6 +149,7 @@ class Gateway:
     async def _finished(self, generation: Generation, state: str, reason: str, error: str) -> None:
         """Called once by every Generation as it ends, whatever the way."""
         self._active.pop(generation.request_id, None)
+        self.unrecorded.pop(generation.request_id, None)  # the flush below writes the rest
         self.admitted_at.pop(generation.request_id, None)
         if generation.route is not None:
             self.chooser.finished(generation.route, generation.request_id)
@@ -307,6 +313,24 @@ class Gateway:
             except Exception:
                 log.exception("registry poll failed; keeping the last snapshot")
             await asyncio.sleep(self.config.registry_poll_s)
+
+    async def _flush_records(self) -> None:
+        """Every record_interval_s: the ids generated since the last write, of every running
+        request, in one Redis transaction."""
+        while True:
+            await asyncio.sleep(self.config.record_interval_s)
+            if not self.unrecorded:
+                continue
+            pending, self.unrecorded = self.unrecorded, {}
+            try:
+                async with self.record_lock:
+                    appends = [a for g in pending.values() if (a := g.take_unrecorded()) is not None]
+                    if appends:
+                        await self.records.append_tokens_many(appends)
+            except RedisError as e:  # the records fall behind; the streams go on
+                log.warning("could not record the progress of %d requests in Redis: %s", len(pending), e)
+            except Exception:  # noqa: BLE001 - a dead flusher would stop every record
+                log.exception("recording the progress of %d requests failed", len(pending))
 
     async def _watch_cancels(self) -> None:
         """Cancel requests this replica runs when another replica received their Cancel."""

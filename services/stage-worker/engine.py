@@ -24,7 +24,7 @@ from shardline.kernels._dispatch import TRITON_DISABLED
 from shardline.manifest import Manifest, sha256_file
 from shardline.model.transformer import StageModel, StepMetadata
 from shardline.parallel import TPGroup
-from shardline.sampling import sample
+from shardline.sampler import sample
 from shardline.stage_worker.batch import StageBatch
 from shardline.stage_worker.block_manager import BlockManager, OutOfBlocks
 from shardline.stage_worker.cuda_graphs import CudaGraphRunner

@@ -67,6 +67,33 @@ def test_request_record_in_redis(bench, model_name, redis_server):
     assert e.value.code == "NOT_FOUND"
 
 
+def test_running_requests_progress_reaches_redis_in_batched_writes(bench, model_name, redis_server):
+    """While streams run, their new ids reach the record within record_interval_s, for every
+    running request at once; the first id is written as soon as it comes."""
+    (fake,), _ = bench.route(model_name)
+    fake.token_delay_s = 0.05  # 100 tokens take 5 s: the streams outlast the checks below
+    gw = bench.start_gateway(model_names=(model_name,), record_interval_s=0.2)
+    r = redis.Redis.from_url(redis_server, decode_responses=True)
+    with Client(f"127.0.0.1:{gw.port}", timeout=30) as client:
+        streams = [client.stream([5, 6, 7 + i], max_tokens=100, temperature=0.0, request_id=f"prog-{i}")
+                   for i in range(3)]
+        firsts = [next(iter(s)) for s in streams]  # each stream has its first token
+        lengths = [r.llen(generated_key(f"prog-{i}")) for i in range(3)]
+        assert all(n >= 1 for n in lengths), f"the first id is recorded before the client gets it: {lengths}"
+        seen = [len(f.token_ids) for f in firsts]
+        for _ in range(10):
+            for i, s in enumerate(streams):
+                seen[i] += len(next(iter(s)).token_ids)
+        bench.wait_until(lambda: all(r.llen(generated_key(f"prog-{i}")) >= seen[i] for i in range(3)),
+                         timeout_s=1.0, what="the batched writes to catch up with the streams")
+        recorded = [[int(t) for t in r.lrange(generated_key(f"prog-{i}"), 0, -1)] for i in range(3)]
+        prompts = [[5, 6, 7 + i] for i in range(3)]
+        assert all(rec == [fake.token_at(p, j) for j in range(len(rec))] for rec, p in zip(recorded, prompts)), \
+            "the record holds each request's ids in order, without gaps or repeats"
+        for s in streams:
+            s.cancel()
+
+
 BAD_REQUESTS = [
     (dict(prompt=""), InvalidArgument, "prompt is empty"),
     (dict(prompt=[]), InvalidArgument, "prompt is empty"),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardline.sampling import SamplingParams, _argmax_chunks, argmax_rows, sample
+from shardline.sampler import _argmax_chunks, argmax_rows, sample
+from shardline.sampling import SamplingParams
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU; the same ops run on the CPU above")])]
