@@ -149,22 +149,23 @@ class Generation:
             while not finish:
                 try:
                     async with aclosing(self._stream_from_a_route()) as stream:
-                        async for token_id, finish in stream:
-                            if token_id is None:
+                        async for token_ids, finish in stream:
+                            if not token_ids:
                                 continue
-                            response = await detok.push([token_id])
+                            response = await detok.push(token_ids)
                             if response.finished:  # a stop string matched: the worker need not go on
-                                # The match may complete a token or two before this one (it waits for
+                                # The match may complete a token or two before these (it waits for
                                 # whole characters); ids past it are not part of the completion.
-                                is_kept = response.num_tokens >= len(self.generated)  # this token's
+                                first = len(self.generated) - len(token_ids)  # index of token_ids[0]
+                                kept = token_ids[:max(response.num_tokens - first, 0)]
                                 del self.generated[response.num_tokens:]
                                 self._at_yield = True
-                                yield Chunk(response.text, [token_id] if is_kept else [])
+                                yield Chunk(response.text, kept)
                                 self._after_yield()
                                 finish, matched_stop = "STOP", response.matched_stop
                                 break
                             self._at_yield = True
-                            yield Chunk(response.text, [token_id])
+                            yield Chunk(response.text, token_ids)
                             self._after_yield()
                 except RouteBroken as e:
                     await self._resume_or_fail(str(e))
@@ -211,42 +212,63 @@ class Generation:
             self._slot.release()
         await self.gateway._finished(self, state, reason, error)
 
-    async def _stream_from_a_route(self) -> AsyncIterator[tuple[int | None, str]]:
-        """(token id, finish reason or "") pairs from one route: new tokens only, in index order.
+    async def _stream_from_a_route(self) -> AsyncIterator[tuple[list[int], str]]:
+        """(new token ids, finish reason or "") from one route, in index order.
 
-        Raises RouteBroken when the route fails before the sequence finishes.
+        The ids are every token stage 0 has sent that the gateway has not handled yet: one at a
+        time while the gateway keeps up, several at once when it falls behind, so that one
+        detokenize call and one chunk to the client serve them all (a busy gateway's cost per
+        token falls as its load rises). Raises RouteBroken when the route fails before the
+        sequence finishes.
         """
         gw = self.gateway
         if self._finished_already():
-            yield None, self._finished_already()
+            yield [], self._finished_already()
             return
         self.route = await gw.wait_for_route(self.model, self.request_id)
         self._broken_reason = ""
         await self._best_effort(gw.records.running(self.request_id, self.route.addresses, self.num_resumes))
         self._call = gw.stages.generate(self.route.addresses[0], self.request_id, self.prompt_token_ids,
                                         self.sampling, self.route.downstream, list(self.generated))
+        received: asyncio.Queue = asyncio.Queue()
+        reader = asyncio.create_task(_read_stream(self._call, received), name=f"stage0-{self.request_id}")
         try:
-            async for event in self._call:
-                finish = FINISH_REASONS.get(event.finish_reason, "")
-                if finish in ("ERROR", "CANCELLED"):
-                    # We cancel only by closing the stream, after which we read nothing: a CANCELLED
-                    # here, like an ERROR (a drained replica hands its sequences back this way),
-                    # means this route gave up on the sequence, not that the client did.
-                    raise RouteBroken(f"stage 0 at {self.route.addresses[0]} ended the sequence: "
-                                      f"{finish} {event.error}")
-                token_id = None
-                if event.HasField("token_id"):
-                    if event.index < len(self.generated):
-                        continue  # already delivered before a resume
-                    if event.index > len(self.generated):
-                        raise RouteBroken(f"stage 0 skipped tokens {len(self.generated)}..{event.index - 1}")
-                    token_id = event.token_id
-                    await self._record_token(token_id)
-                if token_id is not None or finish:
-                    yield token_id, finish
+            while True:
+                events = [await received.get()]
+                while not received.empty():
+                    events.append(received.get_nowait())
+                token_ids, finish, broken = [], "", None
+                for event in events:
+                    if isinstance(event, BaseException) or event is None:
+                        broken = event or RouteBroken(f"stage 0 at {self.route.addresses[0]} ended the stream "
+                                                      f"before the sequence finished")
+                        break
+                    finish = FINISH_REASONS.get(event.finish_reason, "")
+                    if finish in ("ERROR", "CANCELLED"):
+                        # We cancel only by closing the stream, after which we read nothing: a
+                        # CANCELLED here, like an ERROR (a drained replica hands its sequences back
+                        # this way), means this route gave up on the sequence, not the client.
+                        broken = RouteBroken(f"stage 0 at {self.route.addresses[0]} ended the sequence: "
+                                             f"{finish} {event.error}")
+                        finish = ""
+                        break
+                    if event.HasField("token_id"):
+                        if event.index < len(self.generated):
+                            continue  # already delivered before a resume
+                        if event.index > len(self.generated):
+                            broken = RouteBroken(f"stage 0 skipped tokens {len(self.generated)}..{event.index - 1}")
+                            finish = ""
+                            break
+                        token_ids.append(event.token_id)
+                        await self._record_token(event.token_id)
+                    if finish:
+                        break
+                if token_ids or finish:
+                    yield token_ids, finish  # the ids before a break reach the client before the resume
+                if broken is not None:
+                    raise broken
                 if finish:
                     return
-            raise RouteBroken(f"stage 0 at {self.route.addresses[0]} ended the stream before the sequence finished")
         except asyncio.CancelledError:
             if asyncio.current_task().cancelling():
                 raise  # our task is being cancelled, not just the call
@@ -260,6 +282,7 @@ class Generation:
                 raise OutOfRange(f"stage 0 rejected the request: {e.details()}")
             raise Internal(f"stage 0 at {self.route.addresses[0]} failed: {e.code().name}: {e.details()}")
         finally:
+            reader.cancel()
             self._cancel_stage0()
 
     def _finished_already(self) -> str:
@@ -337,3 +360,18 @@ class Generation:
         return Complete(reason, matched_stop, Usage(len(self.prompt_token_ids), n),
                         Timings(queue_s=max(0.0, admitted - self.queued_at) if admitted else 0.0,
                                 time_to_first_token_s=ttft, total_s=total, decode_tokens_per_s=decode))
+
+
+async def _read_stream(call, received: asyncio.Queue) -> None:
+    """Move a stage-0 stream's events into `received` as they arrive; then None at its end, or
+    the exception that ended it (a cancelled call raises CancelledError in the reader)."""
+    try:
+        async for event in call:
+            received.put_nowait(event)
+        received.put_nowait(None)
+    except asyncio.CancelledError as e:
+        if asyncio.current_task().cancelling():
+            return  # the reader task itself was cancelled: nobody reads the queue any more
+        received.put_nowait(e)
+    except Exception as e:  # noqa: BLE001 - handed to the reader of the queue, which raises it
+        received.put_nowait(e)

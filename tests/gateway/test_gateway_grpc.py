@@ -173,6 +173,23 @@ def test_route_choice_spreads_load_over_stage0_replicas(bench, model_name):
         "concurrent requests must spread over stage-0 replicas, not pile onto one between heartbeats"
 
 
+def test_tokens_that_arrive_with_the_failure_reach_the_client(bench, model_name):
+    """Stage 0 sends 40 ids back to back, then fails: the gateway handles what has arrived in
+    batches, so the last ids and the failure come in one batch. They must reach the client
+    before the resume, which does not send them again."""
+    a = bench.add_replica(model_name, 0)
+    b = bench.add_replica(model_name, 0, num_running=5)  # busier: a is chosen first
+    bench.add_replica(model_name, 1)
+    a.fail_after = 40
+    gw = bench.start_gateway(model_names=(model_name,))
+    prompt = [4, 5, 6]
+    with Client(f"127.0.0.1:{gw.port}", timeout=30) as client:
+        got = client.generate(prompt, max_tokens=60, request_id="burst").token_ids
+    resumed = [r for r in a.admitted + b.admitted if r.request_id == "burst" and r.generated_token_ids]
+    assert len(resumed) == 1 and list(resumed[0].generated_token_ids) == got[:40], "one resume, after 40 ids"
+    assert got == [a.token_at(prompt, i) for i in range(60)], "every id once, in order, across the failover"
+
+
 @pytest.mark.parametrize("how", ["killed", "vanished", "aborted"])
 def test_failover_resumes_without_gap_or_duplicate(bench, model_name, how):
     a = bench.add_replica(model_name, 0, token_delay_s=0.01)
