@@ -47,7 +47,7 @@ def build(shape: str, dtype: str = "bf16", quantization: str = "none", max_num_s
     manifest = random_manifest(cfg, dtype, quantization=quantization)
     config = EngineConfig(device=device, kv_cache_bytes=kv_bytes, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=8192, max_model_len=max_model_len, verify_checksums=False,
-                          gemm_config=GEMM_CONFIG, capture_graphs_at_start=False,  # steady state only:
+                          gemm_config=GEMM_CONFIG, capture_graphs_at_start=False,  # times steady state: no need
                           **({} if OVERLAP is None else {"overlap_decode": OVERLAP}))
     weights = random_stage_weights(manifest, 0, 0, device)
     engine = StageEngine(None, 0, single_rank(), config, manifest=manifest, weights=weights)

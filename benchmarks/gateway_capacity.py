@@ -71,12 +71,11 @@ async def serve_fake_stage0(port: int, redis_url: str, model: str, step_s: float
     info = ReplicaInfo(replica_id=f"paced-fake-{port}", address=f"127.0.0.1:{port}", model=model, stage=0,
                        num_stages=1, layer_start=0, layer_end=32, tp=1, num_total_blocks=1 << 20,
                        num_free_blocks=1 << 20, block_size=16)
-    clock = asyncio.create_task(fake.clock())
-    while True:
+    clock = asyncio.create_task(fake.clock())  # noqa: F841 - runs until the launcher stops this process
+    while True:  # heartbeat, as a stage worker does
         info.num_running = len(fake.streams)
         registry.heartbeat(info)
         await asyncio.sleep(1.0)
-    clock.cancel()
 
 
 class PacedFakeStageCluster(LocalCluster):
@@ -148,6 +147,8 @@ def main() -> None:
     ap.add_argument("--redis-url", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.streams < 1 or args.new < 1 or args.step_ms <= 0:
+        ap.error(f"--streams {args.streams} and --new {args.new} must be >= 1, --step-ms {args.step_ms} > 0")
     if args.serve_fake_stage0:
         asyncio.run(serve_fake_stage0(args.serve_fake_stage0, args.redis_url, args.model, args.step_ms / 1e3))
         return

@@ -126,21 +126,21 @@ def quantized_linear_triton(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Ten
     return small_m_linear_triton(x, w_q, scale, bias, config)
 
 
-def small_m_linear_triton(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor | None,
+def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
                           bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
-    """`w_int8` is int8 or fp8 with `scale`, or x's dtype with scale None (then `config` is
+    """`w` [N, K] is int8 or fp8 with `scale`, or x's dtype with scale None (then `config` is
     required: the caller chose this kernel over cuBLAS by timing it)."""
     from ._dispatch import sm_count
-    N, K = w_int8.shape
+    N, K = w.shape
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     if scale is not None and (M > SMALL_M_MAX or x.dtype == torch.float32) and config is None:
         # Compute-bound (or fp32, whose exact dot spills): dequantise and let cuBLAS multiply.
-        w = w_int8.to(x.dtype) * scale.to(x.dtype)[:, None]
+        w = w.to(x.dtype) * scale.to(x.dtype)[:, None]
         return torch.nn.functional.linear(x, w, bias)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    assert w_int8.stride(-1) == 1, "int8 weight rows must be contiguous"
+    assert w.stride(-1) == 1, "weight rows must be contiguous"
     cfg = dict(config or default_config(M, N, K, sm_count(x)))
     block_m, split_k = cfg.pop("BLOCK_M", 16 if M <= 16 else 64), cfg.pop("SPLIT_K", 1)
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
@@ -153,10 +153,10 @@ def small_m_linear_triton(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Te
     else:
         part, counters = out, out  # unused
     dummy = scale if scale is not None else out
-    fp8 = w_int8.dtype == torch.float8_e4m3fn
-    _int8_linear_kernel[grid](x2, w_int8.view(torch.uint8) if fp8 else w_int8, dummy,
+    fp8 = w.dtype == torch.float8_e4m3fn
+    _int8_linear_kernel[grid](x2, w.view(torch.uint8) if fp8 else w, dummy,
                               bias if bias is not None else dummy, out, part,
-                              counters, M, N, K, x2.stride(0), w_int8.stride(0), out.stride(0),
+                              counters, M, N, K, x2.stride(0), w.stride(0), out.stride(0),
                               HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8,
                               EVEN_K=K % cfg["BLOCK_K"] == 0,
                               DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
