@@ -5,8 +5,10 @@ dependent launch.
 
     python benchmarks/gemv_bench.py [--layers 32] [--quant int8|fp8] [--sweep]
 
---sweep also times each backend's candidate tiles (with each kernel's default PDL setting) and
-prints them fastest first.
+The fixed rows: unfused, the Triton GEMV, the CUDA GEMV's FFMA form, and the CUDA GEMV as the
+engine runs it by default (the bulk-copy form), each with PDL off and on. --sweep also times
+each backend's candidate tiles (`shardline tune-gemm`'s list; --forms picks the forms) and prints
+them fastest first; --sweep-gemv-pdl times each CUDA tile with the GEMV's own PDL off and on.
 
 Per layer: RMSNorm -> qkv, o, RMSNorm -> gate/up -> SwiGLU -> down (attention left out: it
 reads no weights). Each variant is captured once and replayed; the table gives ms per stack,
@@ -70,7 +72,8 @@ def sweep_configs(backend: str) -> list[tuple[dict, dict]]:
     from shardline.gemm_tuning import GEMV_CONFIGS
     configs = [c for c in GEMV_CONFIGS if c["backend"] == backend]
     if backend == "cuda":
-        return [(c, c if c.get("MMA") else dict(c, UNROLL=max(1, c["UNROLL"] // 2))) for c in configs]
+        return [(c, c if c.get("MMA") or c.get("BULK") else dict(c, UNROLL=max(1, c["UNROLL"] // 2)))
+                for c in configs]
     return [(c, c) for c in configs]
 
 
@@ -96,6 +99,10 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--quant", choices=["int8", "fp8"], help="weight-only quantization")
     ap.add_argument("--sweep", action="store_true", help="time every candidate tile of both backends")
+    ap.add_argument("--forms", default="triton,ffma,mma,bulk",
+                    help="the sweep's kernel forms, comma-separated (CUDA C: ffma, mma, bulk)")
+    ap.add_argument("--sweep-gemv-pdl", action="store_true",
+                    help="time each CUDA tile of the sweep with the GEMV's own PDL off and on")
     args = ap.parse_args()
     scheme = f"{args.quant}-weight-only" if args.quant else "none"
     layers = make_layers(args.layers, scheme)
@@ -107,6 +114,7 @@ def main() -> None:
     reference = None  # the unfused stack's output: every variant must reproduce it
 
     def run(name: str, fn, pdl: bool, tiles=None, gemv_pdl: bool = False) -> None:
+        """Time fn's stack with the Triton kernels' PDL `pdl` and the CUDA GEMV's `gemv_pdl`."""
         nonlocal reference
         _dispatch.PDL_DISABLED, _dispatch.GEMV_PDL_ENABLED = not pdl, gemv_pdl
         try:
@@ -124,18 +132,24 @@ def main() -> None:
     backends = ["triton"] + (["cuda"] if cuda_gemv.available() else [])
     for pdl in (False, True):
         run("unfused", lambda h, r: unfused(layers, h, r), pdl)
-        for b in backends:
-            c = {"backend": b}
-            run(f"fused {b}", lambda h, r, c=c: fused(layers, h, r, c, c), pdl)
-    if "cuda" in backends:
-        c = {"backend": "cuda"}
-        run("fused cuda", lambda h, r: fused(layers, h, r, c, c), True, gemv_pdl=True)
+        run("fused triton", lambda h, r: fused(layers, h, r, {"backend": "triton"}, {"backend": "triton"}), pdl)
+        if "cuda" in backends:
+            ffma, ffma_glu = (dict(c, backend="cuda") for c in (cuda_gemv.FFMA_CONFIG, cuda_gemv.FFMA_GLU_CONFIG))
+            run("cuda ffma", lambda h, r: fused(layers, h, r, ffma, ffma_glu), pdl, gemv_pdl=False)
+            c = {"backend": "cuda"}  # the engine's default: the bulk form, with its own PDL when pdl is on
+            run("cuda default", lambda h, r: fused(layers, h, r, c, c), pdl, gemv_pdl=pdl)
     fixed = len(rows)
     if args.sweep:
+        forms = args.forms.split(",")
         for b in backends:
             for c, c_glu in sweep_configs(b):
-                run(f"fused {b}", lambda h, r, c=c, g=c_glu: fused(layers, h, r, c, g), True, [c, c_glu])
-        _dispatch.PDL_DISABLED, _dispatch.GEMV_PDL_ENABLED = False, False
+                form = "triton" if b == "triton" else "mma" if c.get("MMA") else "bulk" if c.get("BULK") else "ffma"
+                if form not in forms:
+                    continue
+                for gemv_pdl in ((False, True) if args.sweep_gemv_pdl and b == "cuda" else (False,)):
+                    run(f"{b} {form}" if b == "cuda" else b, lambda h, r, c=c, g=c_glu: fused(layers, h, r, c, g),
+                        True, [c, c_glu], gemv_pdl)
+    _dispatch.PDL_DISABLED, _dispatch.GEMV_PDL_ENABLED = False, None
     base = rows[0]["ms"]
     print(f"\n{torch.cuda.get_device_name()}: {args.layers} layers of decode linears, batch 1, "
           f"{args.quant or 'bf16'} weights ({nbytes / 1e9:.2f} GB)")
@@ -145,7 +159,7 @@ def main() -> None:
         tiles = "" if r["tiles"] is None else " / ".join(
             ",".join(f"{k}={v}" for k, v in t.items() if k != "backend") for t in r["tiles"])
         print(f"{r['variant']:<14} {'on' if r['pdl'] else 'off':>4} {r['ms']:>8.3f} {r['weight_GBps']:>8.0f} "
-              f"{base / r['ms']:>9.2f}x  {tiles}{'GEMV PDL' if r['gemv_pdl'] else ''}{'' if r['agrees'] else '  WRONG'}")
+              f"{base / r['ms']:>9.2f}x  {tiles}{'  GEMV PDL' if r['gemv_pdl'] else ''}{'' if r['agrees'] else '  WRONG'}")
 
 
 if __name__ == "__main__":

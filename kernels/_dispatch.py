@@ -5,8 +5,10 @@ The only place the kernels read the environment, once, at import:
     SHARDLINE_DISABLE_TRITON=1   every op runs its `*_ref` (a debugging and bisecting switch)
     SHARDLINE_PDL=0              launch decode kernels without programmatic dependent launch
                                  (Hopper and later; on by default there, see triton_pdl.py)
-    SHARDLINE_GEMV_PDL=1         launch the CUDA C GEMV with it too (off by default: it made the
-                                 batch-1 linear stack 14-27% slower, cuda_gemv.py)
+    SHARDLINE_GEMV_PDL=0|1       the CUDA C GEMV's PDL, in every form; unset, its bulk-copy form
+                                 takes it and the FFMA and MMA forms do not (PDL made the FFMA
+                                 form's batch-1 stack 14-27% slower, the bulk form's faster,
+                                 docs/benchmarks.md)
     TRITON_INTERPRET=1           Triton's own interpreter switch; with it, CPU tensors take the
                                  Triton path too (slow; lets kernel tests run without a GPU)
 
@@ -24,7 +26,7 @@ import torch
 TRITON_DISABLED = os.environ.get("SHARDLINE_DISABLE_TRITON", "0") not in ("", "0")
 TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 PDL_DISABLED = os.environ.get("SHARDLINE_PDL", "1") in ("", "0")
-GEMV_PDL_ENABLED = os.environ.get("SHARDLINE_GEMV_PDL", "0") not in ("", "0")
+GEMV_PDL_ENABLED = {"": None, "0": False}.get(os.environ.get("SHARDLINE_GEMV_PDL", ""), True)
 
 
 @functools.cache
@@ -56,9 +58,9 @@ def use_pdl(x: torch.Tensor) -> bool:
     return _is_hopper_or_later(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
-def use_gemv_pdl(x: torch.Tensor) -> bool:
-    """`use_pdl` for the CUDA C GEMV, which takes it only when asked (SHARDLINE_GEMV_PDL=1)."""
-    return GEMV_PDL_ENABLED and use_pdl(x)
+def use_gemv_pdl(x: torch.Tensor, form_default: bool) -> bool:
+    """`use_pdl` for the CUDA C GEMV: SHARDLINE_GEMV_PDL if set, else the form's default."""
+    return (form_default if GEMV_PDL_ENABLED is None else GEMV_PDL_ENABLED) and use_pdl(x)
 
 
 def pdl_args(x: torch.Tensor) -> dict:

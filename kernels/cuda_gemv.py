@@ -122,7 +122,7 @@ __device__ __forceinline__ void load_h(const uint4* __restrict__ x, const uint4*
     }
 }
 
-#if !MMA
+#if !MMA && !BULK
 #define NW (ROWS * (GLU ? 2 : 1))
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
@@ -253,7 +253,197 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
         LOAD_WEIGHTS(lane)
     }
 }
-#endif  // !MMA
+#endif  // !MMA && !BULK
+
+#if BULK
+// Bulk-copy form: the weight stream leaves the registers. A persistent block (one per
+// multiprocessor) owns a contiguous run of row groups, ROWS rows each (and their ROWS up rows with
+// GLU); a producer warp streams each group into a ring of STAGES shared-memory stages with
+// `cp.async.bulk` (the copy engine, one instruction per run of rows, evicting first from L2),
+// and WARPS consumer warps split K: lane l of warp v owns chunks l + 32 (v + WARPS i), i < CPL,
+// and holds those chunks of x in registers, normed, for the whole kernel. Per stage a consumer
+// does CPL shared loads and EPC FMAs per row, reduces over its lanes and leaves one partial per
+// row; the producer sums the warps' partials and writes the outputs (scale, bias, SwiGLU) while
+// the next stages stream. mbarriers: full[s] counts the stage's bytes in, empty[s] the warps done
+// with it.
+#define NR (ROWS * (GLU ? 2 : 1))
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ uint4 lds128(u32 addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__((WARPS + 1) * 32)
+gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __restrict__ res,
+     const uint4* __restrict__ norm_w, uint4* __restrict__ res_out, const u16* __restrict__ scale,
+     const u16* __restrict__ bias, u16* __restrict__ out, int N, int K, float eps)
+{
+    extern __shared__ __align__(128) unsigned char stages[];  // STAGES x NR rows of K weights
+    __shared__ u64 full[STAGES], empty[STAGES];
+    __shared__ float partial[STAGES][2][WARPS][NR];  // [stage][pass parity][warp][row]
+    __shared__ float partial_sq[WARPS + 1];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 row_bytes = (u32)K * W_BYTES, stage_bytes = NR * row_bytes;
+    const int chunks = K / EPC;
+    const int groups = (N + ROWS - 1) / ROWS;
+    const int g_lo = (int)((long long)blockIdx.x * groups / gridDim.x);
+    const int count = (int)((long long)(blockIdx.x + 1) * groups / gridDim.x) - g_lo;
+    const u32 stage0 = smem_u32(stages);
+
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_u32(&full[s])));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(&empty[s])), "r"(WARPS));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    u64 policy = 0;
+    // Group i of this block into its stage: ROWS rows, and with GLU the ROWS up rows N below.
+    auto issue = [&](int i) {
+        const int s = i % STAGES, n0 = (g_lo + i) * ROWS;
+        const u32 bytes = (u32)min(ROWS, N - n0) * row_bytes;
+        const u32 dst = stage0 + s * stage_bytes, bar = smem_u32(&full[s]);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"((GLU ? 2 : 1) * bytes)
+                     : "memory");
+        const unsigned char* src = reinterpret_cast<const unsigned char*>(w) + (size_t)n0 * row_bytes;
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                     " [%0], [%1], %2, [%3], %4;" :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy) : "memory");
+        if (GLU) {
+            src += (size_t)N * row_bytes;
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                         " [%0], [%1], %2, [%3], %4;" :: "r"(dst + ROWS * row_bytes), "l"(src), "r"(bytes), "r"(bar),
+                         "l"(policy) : "memory");
+        }
+    };
+    if (warp == WARPS && lane == 0) {  // independent of the kernel before: streams before the wait
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+        for (int i = 0; i < min(STAGES, count); ++i) issue(i);
+    }
+#if USE_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+
+    // h = x (+ residual) and its sum of squares, over all threads; block 0 writes h out.
+    float rstd = 1.f;
+    if (NORM || HAS_RES) {
+        float sum_sq = 0.f;
+        for (int q = threadIdx.x; q < K / 8; q += (WARPS + 1) * 32) {
+            float v[8];
+            load_h(x, res, q, v);
+            if (HAS_RES && blockIdx.x == 0) res_out[q] = pack8(v);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) sum_sq = fmaf(v[i], v[i], sum_sq);
+        }
+        if (NORM) {
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, off);
+            if (lane == 0) partial_sq[warp] = sum_sq;
+            __syncthreads();
+            sum_sq = 0.f;
+#pragma unroll
+            for (int i = 0; i <= WARPS; ++i) sum_sq += partial_sq[i];
+            rstd = rsqrtf(sum_sq / K + eps);
+        }
+    }
+
+    if (warp == WARPS) {
+        // Producer: refill each stage as soon as the warps are done with it, then finish its rows.
+        for (int i = 0; i < count; ++i) {
+            const int s = i % STAGES;
+            const u32 parity = (i / STAGES) & 1;
+            mbar_wait(&empty[s], parity);
+            if (lane == 0 && i + STAGES < count) issue(i + STAGES);
+            const int n = (g_lo + i) * ROWS + lane;
+            if (lane < ROWS && n < N) {
+                float y = 0.f, up = 0.f;
+#pragma unroll
+                for (int v = 0; v < WARPS; ++v) {
+                    y += partial[s][parity][v][lane];
+                    if (GLU) up += partial[s][parity][v][ROWS + lane];
+                }
+                y *= rstd;
+                if (HAS_SCALE) y *= x2f(scale[n]);
+                if (HAS_BIAS) y += x2f(bias[n]);
+                if (GLU) {
+                    up *= rstd;
+                    if (HAS_SCALE) up *= x2f(scale[N + n]);
+                    if (HAS_BIAS) up += x2f(bias[N + n]);
+                    const float g = round_x(y);
+                    y = round_x(g / (1.f + __expf(-g))) * round_x(up);
+                }
+                out[n] = f2x(y);
+            }
+        }
+        return;
+    }
+
+    // Consumers: this lane's chunks of x, as the product reads them (after the norm weight).
+    float xr[CPL][EPC];
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+        const int c = lane + 32 * (warp + WARPS * i);
+#pragma unroll
+        for (int h = 0; h < EPC / 8; ++h) {
+            float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+            if (c < chunks) {
+                const int q = c * (EPC / 8) + h;
+                load_h(x, res, q, v);
+                if (NORM) {
+                    float g[8];
+                    unpack8(norm_w[q], g);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) v[e] *= g[e];
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < 8; ++e) xr[i][8 * h + e] = v[e];
+        }
+    }
+    for (int i = 0; i < count; ++i) {
+        const int s = i % STAGES;
+        const u32 parity = (i / STAGES) & 1;
+        mbar_wait(&full[s], parity);
+        const u32 base = stage0 + s * stage_bytes + 16 * (lane + 32 * warp);
+        float acc[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) acc[r] = 0.f;
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+            if (lane + 32 * (warp + WARPS * j) >= chunks) break;
+            uint4 wv[NR];
+#pragma unroll
+            for (int r = 0; r < NR; ++r) wv[r] = lds128(base + r * row_bytes + 16 * 32 * WARPS * j);
+#pragma unroll
+            for (int r = 0; r < NR; ++r)
+#pragma unroll
+                for (int e = 0; e < EPC; ++e) acc[r] = fmaf(widen(wv[r], e), xr[j][e], acc[r]);
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+            for (int r = 0; r < NR; ++r) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < NR; ++r) partial[s][parity][warp][r] = acc[r];
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_u32(&empty[s])) : "memory");
+        }
+    }
+}
+#endif  // BULK
 
 #if MMA
 // Tensor-core form: a block owns 16 rows of the mma.m16n8k16 A operand (16 output rows, or 8
@@ -439,17 +629,23 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 #endif  // MMA
 """
 
-# Tiles: warps per block, output rows per warp, 16-byte chunks in flight per row and lane, blocks
-# per multiprocessor (0: one block per WARPS * ROWS rows; else a persistent grid of that many
-# blocks per multiprocessor), and PIPE: 0 loads a step's UNROLL chunks together after using the
-# last step's, 1 refills each chunk's registers as soon as it is used (not yet timed on a GPU).
-# The defaults won the batch-1 stack sweep on the H200 (`python benchmarks/gemv_bench.py --sweep`,
-# docs/benchmarks.md): fastest in bf16, within 1% of the fastest in int8.
-DEFAULT_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0)
-DEFAULT_GLU_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=2, BLOCKS=0)
+# The FFMA form's tiles: warps per block, output rows per warp, 16-byte chunks in flight per row
+# and lane, blocks per multiprocessor (0: one block per WARPS * ROWS rows; else a persistent grid
+# of that many blocks per multiprocessor), and PIPE: 0 loads a step's UNROLL chunks together
+# after using the last step's, 1 refills each chunk's registers as soon as it is used. These won
+# the FFMA form's batch-1 stack sweep on the H200 (docs/benchmarks.md). A config without BULK or
+# MMA is the FFMA form, on top of these.
+FFMA_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0)
+FFMA_GLU_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=2, BLOCKS=0)
+# The bulk-copy form (BULK=1): consumer warps, ROWS and STAGES (0: worked out per K, bulk_tiles),
+# blocks per multiprocessor. The default, with PDL: fastest in the batch-1 stack sweep
+# (`python benchmarks/gemv_bench.py --sweep --sweep-gemv-pdl`, docs/benchmarks.md).
+BULK_CONFIG = dict(BULK=1, WARPS=8, ROWS=0, STAGES=0, BLOCKS=2)
+DEFAULT_CONFIG = BULK_CONFIG
 
 
 MAX_K = 50 << 10  # x is staged as fp32 in shared memory: 200 KB at most (Hopper allows 227 KB)
+MAX_SHARED = 227 << 10  # a block's static and dynamic shared memory together, on Hopper
 
 
 @functools.cache
@@ -479,12 +675,45 @@ def fits(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias
 
 
 def defines(*, x_fp16: bool, w_bytes: int, fp8: bool, norm: bool, res: bool, glu: bool,
-            scale: bool, bias: bool, pdl: bool, WARPS: int, UNROLL: int, ROWS: int = 1, PIPE: int = 0,
-            MMA: int = 0, **launch) -> str:
+            scale: bool, bias: bool, pdl: bool, WARPS: int, UNROLL: int = 1, ROWS: int = 1, PIPE: int = 0,
+            MMA: int = 0, BULK: int = 0, STAGES: int = 0, CPL: int = 0, **launch) -> str:
     flags = dict(X_FP16=x_fp16, W_BYTES=w_bytes, W_FP8=fp8, NORM=norm, HAS_RES=res, GLU=glu,
                  HAS_SCALE=scale, HAS_BIAS=bias, USE_PDL=pdl, WARPS=WARPS, ROWS=ROWS, UNROLL=UNROLL, PIPE=PIPE,
-                 MMA=MMA)
+                 MMA=MMA, BULK=BULK, STAGES=STAGES, CPL=CPL)
     return "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
+
+
+# The bulk-copy form's ring: stages of about STAGE_BYTES, about RING_BYTES in all, so that a
+# second block (the next kernel's, under PDL) fits beside it in a multiprocessor's 228 KB. At most
+# 8 rows a stage: the producer's lanes finish one row each, and each row is a register a lane.
+BULK_STAGE_BYTES = 16 << 10
+BULK_RING_BYTES = 96 << 10
+BULK_MAX_ROWS = 8
+
+
+def bulk_tiles(K: int, w_bytes: int, glu: bool, tiles: dict) -> dict:
+    """The bulk-copy form's tiles with the ones left at 0 worked out for this K: ROWS rows a stage
+    (of gate and of up with GLU), STAGES stages, one block a multiprocessor, and CPL, the chunks
+    of x each consumer lane holds (16-byte weight chunks per row over 32 * WARPS lanes)."""
+    t = dict(tiles)
+    row_bytes = K * w_bytes * (2 if glu else 1)
+    t["ROWS"] = t.get("ROWS") or max(1, min(BULK_MAX_ROWS, BULK_STAGE_BYTES // row_bytes))
+    stage = t["ROWS"] * row_bytes
+    t["STAGES"] = t.get("STAGES") or max(2, min(8, BULK_RING_BYTES // stage))
+    t["BLOCKS"] = t.get("BLOCKS") or 1
+    t["CPL"] = -(-(K * w_bytes // 16) // (32 * t["WARPS"]))
+    need = t["STAGES"] * stage + bulk_static_shared(t, glu)
+    if t["ROWS"] > BULK_MAX_ROWS or need > MAX_SHARED:
+        raise ValueError(f"bulk GEMV tiles {tiles} need {t['ROWS']} rows a stage and {need} B of shared memory for "
+                         f"K={K}; at most {BULK_MAX_ROWS} and {MAX_SHARED}: use fewer ROWS or STAGES")
+    return t
+
+
+def bulk_static_shared(tiles: dict, glu: bool) -> int:
+    """The bulk form's static shared bytes: two mbarriers a stage, the warps' partial sums of each
+    stage's rows for two passes, and the norm's partial sums."""
+    rows = tiles["ROWS"] * (2 if glu else 1)
+    return 16 * tiles["STAGES"] + 4 * tiles["STAGES"] * 2 * tiles["WARPS"] * rows + 4 * (tiles["WARPS"] + 1)
 
 
 def compile_ptx(source_defines: str, arch: str = "compute_90") -> str:
@@ -493,9 +722,10 @@ def compile_ptx(source_defines: str, arch: str = "compute_90") -> str:
 
 
 @functools.cache
-def _function(source_defines: str, device_index: int) -> int:
-    """The compiled variant, allowed the shared memory that staging x of MAX_K columns takes."""
-    return cuda_runtime.load_function(source_defines + SOURCE, "gemv", device_index, 4 * MAX_K)
+def _function(source_defines: str, device_index: int, max_dynamic_shared: int) -> int:
+    """The compiled variant, allowed `max_dynamic_shared` bytes: staging x of MAX_K columns, or
+    the bulk form's ring."""
+    return cuda_runtime.load_function(source_defines + SOURCE, "gemv", device_index, max_dynamic_shared)
 
 
 def _aligned(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -513,26 +743,39 @@ def fused_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     K = x.shape[1]
     N = weight.shape[0] // 2 if glu else weight.shape[0]
     assert weight.shape[1] == K, f"weight is {tuple(weight.shape)}, x has {K} columns"
-    tiles = dict(DEFAULT_GLU_CONFIG if glu else DEFAULT_CONFIG)
-    tiles.update((k, v) for k, v in (config or {}).items() if k != "backend")
-    pdl = use_gemv_pdl(x)
+    tiles = resolve_tiles(config, K, weight.element_size(), glu)
+    pdl = use_gemv_pdl(x, bool(tiles.get("BULK")))
     src = defines(x_fp16=x.dtype == torch.float16, w_bytes=weight.element_size(),
                   fp8=weight.dtype == torch.float8_e4m3fn, norm=norm_weight is not None, res=residual is not None,
                   glu=glu, scale=scale is not None, bias=bias is not None, pdl=pdl, **tiles)
-    function = _function(src, x.device.index if x.device.index is not None else torch.cuda.current_device())
+    grid, block, shared = geometry(N, K, glu, weight.element_size(), tiles, sm_count(x))
+    function = _function(src, x.device.index if x.device.index is not None else torch.cuda.current_device(),
+                         shared if tiles.get("BULK") else 4 * MAX_K)
     x, residual, norm_weight = (_aligned(t) for t in (x, residual, norm_weight))
     out = torch.empty((1, N), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(x) if residual is not None else None
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
     args = [ptr(weight), ptr(x), ptr(residual), ptr(norm_weight), ptr(res_out), ptr(scale), ptr(bias), ptr(out),
             ctypes.c_int(N), ctypes.c_int(K), ctypes.c_float(eps)]
-    grid, block, shared = geometry(N, K, glu, weight.element_size(), tiles, sm_count(x))
     cuda_runtime.launch(function, grid, block, shared, torch.cuda.current_stream(x.device).cuda_stream, args, pdl)
     return out, res_out
 
 
+def resolve_tiles(config: dict | None, K: int, w_bytes: int, glu: bool) -> dict:
+    """A config's tiles in full: none asked (or BULK) is the bulk form on top of BULK_CONFIG; MMA
+    or FFMA tiles go on top of the FFMA defaults."""
+    asked = {k: v for k, v in (config or {}).items() if k != "backend"}
+    if not asked or asked.get("BULK"):
+        return bulk_tiles(K, w_bytes, glu, dict(BULK_CONFIG, **asked))
+    return dict(FFMA_GLU_CONFIG if glu else FFMA_CONFIG, **asked)
+
+
 def geometry(N: int, K: int, glu: bool, w_bytes: int, tiles: dict, sms: int) -> tuple[int, int, int]:
     """(blocks, threads a block, dynamic shared bytes) of a launch with `tiles`, for N outputs."""
+    if tiles.get("BULK"):  # persistent: BLOCKS a multiprocessor, a producer warp beside WARPS consumers
+        rows = tiles["ROWS"] * (2 if glu else 1)
+        return min(tiles["BLOCKS"] * sms, -(-N // tiles["ROWS"])), 32 * (tiles["WARPS"] + 1), \
+            tiles["STAGES"] * rows * K * w_bytes
     if tiles.get("MMA"):  # 16 A rows a block (8 outputs with GLU); x as half pairs, whole steps
         rows_per_block, kstep = (8 if glu else 16), 64 // w_bytes
         grid, shared = -(-N // rows_per_block), 2 * kstep * -(-K // kstep)

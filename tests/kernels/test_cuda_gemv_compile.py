@@ -26,7 +26,7 @@ FUSIONS = {"plain": dict(norm=False, res=False, glu=False), "norm_res": dict(nor
 
 def _ptx(weights: str, fusion: str, *, x_fp16=False, bias=False, pdl=False, tiles=None) -> str:
     glu = FUSIONS[fusion]["glu"]
-    tiles = tiles or (cuda_gemv.DEFAULT_GLU_CONFIG if glu else cuda_gemv.DEFAULT_CONFIG)
+    tiles = tiles or (cuda_gemv.FFMA_GLU_CONFIG if glu else cuda_gemv.FFMA_CONFIG)
     return cuda_gemv.compile_ptx(cuda_gemv.defines(x_fp16=x_fp16, bias=bias, pdl=pdl, **WEIGHTS[weights],
                                                    **FUSIONS[fusion], **tiles))
 
@@ -75,6 +75,42 @@ def test_the_tensor_core_form_compiles(weights, fusion):
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("weights,fusion", list(itertools.product(WEIGHTS, FUSIONS)))
+def test_the_bulk_copy_form_compiles(weights, fusion):
+    glu = FUSIONS[fusion]["glu"]
+    tiles = cuda_gemv.bulk_tiles(4096, WEIGHTS[weights]["w_bytes"], glu, cuda_gemv.BULK_CONFIG)
+    ptx = _ptx(weights, fusion, tiles=tiles)
+    assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
+    assert "L2::evict_first" in ptx, "the weights are read once: first out of L2"
+    assert "ld.shared.v4" in ptx and "ld.global.nc.L1::no_allocate" not in ptx
+
+
+@needs_nvrtc
+def test_bulk_pdl_variant_streams_before_the_wait():
+    tiles = cuda_gemv.bulk_tiles(4096, 2, False, cuda_gemv.BULK_CONFIG)
+    ptx = _ptx("bf16", "norm_res", pdl=True, tiles=tiles)
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx.index("cp.async.bulk") < wait, "the first stages stream before the wait"
+    x_loads = [m.start() for m in re.finditer(r"ld\.global\.nc\.v4", ptx)]
+    assert x_loads and min(x_loads) > wait, "x is read only after the kernel before has finished"
+
+
+def test_bulk_tiles_fit_the_ring():
+    t = cuda_gemv.bulk_tiles(4096, 2, False, cuda_gemv.BULK_CONFIG)  # 8 KB rows
+    assert (t["ROWS"], t["STAGES"], t["CPL"], t["BLOCKS"]) == (2, 6, 2, 2)
+    t = cuda_gemv.bulk_tiles(14336, 2, False, cuda_gemv.BULK_CONFIG)  # 28 KB rows: one a stage
+    assert (t["ROWS"], t["STAGES"], t["CPL"]) == (1, 3, 7)
+    t = cuda_gemv.bulk_tiles(4096, 1, True, cuda_gemv.BULK_CONFIG)  # int8 gate + up: 8 KB a row pair
+    assert (t["ROWS"], t["STAGES"], t["CPL"]) == (2, 6, 1)
+    t = cuda_gemv.bulk_tiles(112, 2, False, cuda_gemv.BULK_CONFIG)  # short rows: at most 8 a stage
+    assert t["ROWS"] == cuda_gemv.BULK_MAX_ROWS
+    with pytest.raises(ValueError, match="fewer ROWS or STAGES"):
+        cuda_gemv.bulk_tiles(14336, 2, True, dict(cuda_gemv.BULK_CONFIG, ROWS=2, STAGES=4))
+    with pytest.raises(ValueError, match="fewer ROWS or STAGES"):
+        cuda_gemv.bulk_tiles(4096, 2, False, dict(cuda_gemv.BULK_CONFIG, ROWS=9))
+
+
+@needs_nvrtc
 def test_pdl_variant_waits_before_reading_x():
     ptx = _ptx("bf16", "norm_res", pdl=True)
     wait = ptx.index("griddepcontrol.wait")
@@ -90,11 +126,22 @@ def test_a_source_error_names_the_compiler_log():
         cuda_gemv.compile_ptx("#define WARPS 8\n")  # the other tile constants are missing
 
 
+def test_no_tiles_is_the_bulk_form_and_ffma_tiles_fill_in():
+    assert cuda_gemv.resolve_tiles(None, 4096, 2, False) == cuda_gemv.bulk_tiles(4096, 2, False, cuda_gemv.BULK_CONFIG)
+    assert cuda_gemv.resolve_tiles({"backend": "cuda", "BULK": 1, "WARPS": 4}, 4096, 2, False)["CPL"] == 4
+    assert cuda_gemv.resolve_tiles({"backend": "cuda", "UNROLL": 8}, 4096, 2, True) == dict(cuda_gemv.FFMA_GLU_CONFIG,
+                                                                                           UNROLL=8)
+
+
 def test_launch_geometry():
     ffma = dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0)
     assert cuda_gemv.geometry(4096, 4096, False, 2, ffma, 132) == (256, 256, 4 * 4096)
     assert cuda_gemv.geometry(4097, 4096, False, 2, ffma, 132)[0] == 257, "a partial block for the last rows"
     assert cuda_gemv.geometry(14336, 4096, True, 1, dict(ffma, BLOCKS=2), 132)[0] == 264, "persistent: 2 per SM"
+    bulk = dict(BULK=1, WARPS=8, ROWS=2, STAGES=6, BLOCKS=1)  # a producer warp beside 8 consumers
+    assert cuda_gemv.geometry(4096, 4096, False, 2, bulk, 132) == (132, 288, 6 * 2 * 8192)
+    assert cuda_gemv.geometry(14336, 4096, True, 2, bulk, 132) == (132, 288, 6 * 4 * 8192)
+    assert cuda_gemv.geometry(101, 1024, False, 2, bulk, 132)[0] == 51, "no block without a group"
     mma = dict(WARPS=4, UNROLL=4, MMA=1)
     # 16 rows a block (8 gate/up pairs with GLU); x staged as 2-byte pairs over whole steps of K.
     assert cuda_gemv.geometry(4096, 4096, False, 2, mma, 132) == (256, 128, 2 * 4096)

@@ -82,19 +82,22 @@ def _fused_case(device, N, K, quant, fuse, dtype):
     return x, w, scale, kw
 
 
+FORMS = {"ffma": {"WARPS": 8, "ROWS": 2, "UNROLL": 4, "BLOCKS": 0}, "mma": {"MMA": 1, "WARPS": 4, "UNROLL": 2}, "bulk": {"BULK": 1}}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("N,K", [(41, 112), (333, 1040), (1000, 4096)])
 @pytest.mark.parametrize("quant", ["none", "int8-weight-only", "fp8-weight-only"], ids=["dense", "int8", "fp8"])
 @pytest.mark.parametrize("fuse", ["plain", "norm", "norm_res", "norm_res_glu", "glu_bias"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("form", ["ffma", "mma"])
+@pytest.mark.parametrize("form", ["ffma", "mma", "bulk"])
 def test_cuda_gemv_matches_the_unfused_path(device, N, K, quant, fuse, dtype, form):
     from shardline.kernels import cuda_gemv
     if device == "cpu" or not cuda_gemv.available():
         pytest.skip("the CUDA C GEMV needs a GPU and CuPy")
     x, w, scale, kw = _fused_case(device, N, K, quant, fuse, dtype)
     assert cuda_gemv.fits(x, w, scale, kw.get("bias"))
-    config = {"backend": "cuda"} | ({"MMA": 1, "WARPS": 4, "UNROLL": 2} if form == "mma" else {})
+    config = {"backend": "cuda"} | FORMS[form]
     y, r = fused_linear(x, w, scale, config=config, **kw)
     y_ref, r_ref = fused_linear_ref(x, w, scale, **kw)
     assert_close(y, y_ref, f"cuda gemv {fuse}", tol=2e-2 if quant != "none" else None)
@@ -213,14 +216,36 @@ def test_decode_layers_fused_equal_unfused(device, quant, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_cuda_gemv_with_programmatic_dependent_launch(device, monkeypatch):
+@pytest.mark.parametrize("warps,rows,stages,blocks", [(1, 1, 2, 1), (4, 3, 3, 1), (8, 0, 0, 2), (16, 5, 2, 1),
+                                                      (8, 1, 8, 3)])
+@pytest.mark.parametrize("quant", ["none", "int8-weight-only"], ids=["dense", "int8"])
+def test_cuda_gemv_bulk_tiles(device, warps, rows, stages, blocks, quant):
+    """The bulk-copy form with 1 to 16 consumer warps (K = 1040: 130 chunks of bf16, 65 of int8,
+    so some warps own none), groups that do not divide N, a ring of 2 to 8 stages that wraps
+    many times, and more blocks than groups (3 a multiprocessor, one row each)."""
+    from shardline.kernels import cuda_gemv
+    if device == "cpu" or not cuda_gemv.available():
+        pytest.skip("the CUDA C GEMV needs a GPU and CuPy")
+    cfg = dict(backend="cuda", BULK=1, WARPS=warps, ROWS=rows, STAGES=stages, BLOCKS=blocks)
+    for fuse in ("plain", "norm_res_glu", "glu_bias"):
+        x, w, scale, kw = _fused_case(device, 301, 1040, quant, fuse, torch.bfloat16)
+        y, r = fused_linear(x, w, scale, config=cfg, **kw)
+        y_ref, r_ref = fused_linear_ref(x, w, scale, **kw)
+        assert_close(y, y_ref, f"bulk gemv {fuse} {cfg}", tol=2e-2 if quant != "none" else None)
+        assert r is None or torch.equal(r, r_ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["ffma", "bulk"])
+def test_cuda_gemv_with_programmatic_dependent_launch(device, monkeypatch, form):
     from shardline.kernels import cuda_gemv
     if device == "cpu" or not cuda_gemv.available() or not _dispatch.use_pdl(torch.empty(0, device=device)):
         pytest.skip("PDL needs a Hopper GPU and CuPy")
     monkeypatch.setattr(_dispatch, "GEMV_PDL_ENABLED", True)
     x, w, scale, kw = _fused_case(device, 515, 2064, "int8-weight-only", "norm_res_glu", torch.bfloat16)
-    y, r = fused_linear(x, w, scale, config={"backend": "cuda"}, **kw)
-    y2, _ = fused_linear(y, w[:, :y.shape[1]].contiguous(), scale, config={"backend": "cuda"})  # waits on the first
+    config = {"backend": "cuda"} | FORMS[form]
+    y, r = fused_linear(x, w, scale, config=config, **kw)
+    y2, _ = fused_linear(y, w[:, :y.shape[1]].contiguous(), scale, config=config)  # waits on the first
     y_ref, r_ref = fused_linear_ref(x, w, scale, **kw)
     assert_close(y, y_ref, "cuda gemv with PDL", tol=2e-2)
     assert_close(y2, fused_linear_ref(y_ref, w[:, :y.shape[1]].contiguous(), scale)[0], "the dependent GEMV", tol=2e-2)
