@@ -8,7 +8,7 @@ dependent launch.
 The fixed rows: unfused, the Triton GEMV, the CUDA GEMV's FFMA form, and the CUDA GEMV as the
 engine runs it by default (the bulk-copy form), each with PDL off and on. --sweep also times
 each backend's candidate tiles (`shardline tune-gemm`'s list; --forms picks the forms) and prints
-them fastest first; --sweep-gemv-pdl times each CUDA tile with the GEMV's own PDL off and on.
+them fastest first; --sweep-gemv-pdl off|on|both sets the CUDA GEMV's own PDL there.
 
 Per layer: RMSNorm -> qkv, o, RMSNorm -> gate/up -> SwiGLU -> down (attention left out: it
 reads no weights). Each variant is captured once and replayed; the table gives ms per stack,
@@ -99,10 +99,10 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--quant", choices=["int8", "fp8"], help="weight-only quantization")
     ap.add_argument("--sweep", action="store_true", help="time every candidate tile of both backends")
-    ap.add_argument("--forms", default="triton,ffma,mma,bulk",
-                    help="the sweep's kernel forms, comma-separated (CUDA C: ffma, mma, bulk)")
-    ap.add_argument("--sweep-gemv-pdl", action="store_true",
-                    help="time each CUDA tile of the sweep with the GEMV's own PDL off and on")
+    ap.add_argument("--forms", default="triton,ffma,mma,bulk_ffma,bulk_mma",
+                    help="the sweep's kernel forms, comma-separated (CUDA C: ffma, mma, bulk_ffma, bulk_mma)")
+    ap.add_argument("--sweep-gemv-pdl", choices=["off", "on", "both"], default="on",
+                    help="the CUDA GEMV's own PDL in the sweep (default on)")
     args = ap.parse_args()
     scheme = f"{args.quant}-weight-only" if args.quant else "none"
     layers = make_layers(args.layers, scheme)
@@ -143,10 +143,11 @@ def main() -> None:
         forms = args.forms.split(",")
         for b in backends:
             for c, c_glu in sweep_configs(b):
-                form = "triton" if b == "triton" else "mma" if c.get("MMA") else "bulk" if c.get("BULK") else "ffma"
+                form = "triton" if b == "triton" else ("bulk_" if c.get("BULK") else "") + ("mma" if c.get("MMA") else "ffma")
                 if form not in forms:
                     continue
-                for gemv_pdl in ((False, True) if args.sweep_gemv_pdl and b == "cuda" else (False,)):
+                pdl_modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.sweep_gemv_pdl]
+                for gemv_pdl in (pdl_modes if b == "cuda" else (False,)):
                     run(f"{b} {form}" if b == "cuda" else b, lambda h, r, c=c, g=c_glu: fused(layers, h, r, c, g),
                         True, [c, c_glu], gemv_pdl)
     _dispatch.PDL_DISABLED, _dispatch.GEMV_PDL_ENABLED = False, None

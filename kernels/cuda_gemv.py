@@ -255,195 +255,6 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 }
 #endif  // !MMA && !BULK
 
-#if BULK
-// Bulk-copy form: the weight stream leaves the registers. A persistent block (one per
-// multiprocessor) owns a contiguous run of row groups, ROWS rows each (and their ROWS up rows with
-// GLU); a producer warp streams each group into a ring of STAGES shared-memory stages with
-// `cp.async.bulk` (the copy engine, one instruction per run of rows, evicting first from L2),
-// and WARPS consumer warps split K: lane l of warp v owns chunks l + 32 (v + WARPS i), i < CPL,
-// and holds those chunks of x in registers, normed, for the whole kernel. Per stage a consumer
-// does CPL shared loads and EPC FMAs per row, reduces over its lanes and leaves one partial per
-// row; the producer sums the warps' partials and writes the outputs (scale, bias, SwiGLU) while
-// the next stages stream. mbarriers: full[s] counts the stage's bytes in, empty[s] the warps done
-// with it.
-#define NR (ROWS * (GLU ? 2 : 1))
-typedef unsigned long long u64;
-
-__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
-    u32 done;
-    do {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
-    } while (!done);
-}
-__device__ __forceinline__ uint4 lds128(u32 addr) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-    return v;
-}
-
-extern "C" __global__ void __launch_bounds__((WARPS + 1) * 32)
-gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __restrict__ res,
-     const uint4* __restrict__ norm_w, uint4* __restrict__ res_out, const u16* __restrict__ scale,
-     const u16* __restrict__ bias, u16* __restrict__ out, int N, int K, float eps)
-{
-    extern __shared__ __align__(128) unsigned char stages[];  // STAGES x NR rows of K weights
-    __shared__ u64 full[STAGES], empty[STAGES];
-    __shared__ float partial[STAGES][2][WARPS][NR];  // [stage][pass parity][warp][row]
-    __shared__ float partial_sq[WARPS + 1];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const u32 row_bytes = (u32)K * W_BYTES, stage_bytes = NR * row_bytes;
-    const int chunks = K / EPC;
-    const int groups = (N + ROWS - 1) / ROWS;
-    const int g_lo = (int)((long long)blockIdx.x * groups / gridDim.x);
-    const int count = (int)((long long)(blockIdx.x + 1) * groups / gridDim.x) - g_lo;
-    const u32 stage0 = smem_u32(stages);
-
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_u32(&full[s])));
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(&empty[s])), "r"(WARPS));
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-
-    u64 policy = 0;
-    // Group i of this block into its stage: ROWS rows, and with GLU the ROWS up rows N below.
-    auto issue = [&](int i) {
-        const int s = i % STAGES, n0 = (g_lo + i) * ROWS;
-        const u32 bytes = (u32)min(ROWS, N - n0) * row_bytes;
-        const u32 dst = stage0 + s * stage_bytes, bar = smem_u32(&full[s]);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"((GLU ? 2 : 1) * bytes)
-                     : "memory");
-        const unsigned char* src = reinterpret_cast<const unsigned char*>(w) + (size_t)n0 * row_bytes;
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-                     " [%0], [%1], %2, [%3], %4;" :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy) : "memory");
-        if (GLU) {
-            src += (size_t)N * row_bytes;
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-                         " [%0], [%1], %2, [%3], %4;" :: "r"(dst + ROWS * row_bytes), "l"(src), "r"(bytes), "r"(bar),
-                         "l"(policy) : "memory");
-        }
-    };
-    if (warp == WARPS && lane == 0) {  // independent of the kernel before: streams before the wait
-        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-        for (int i = 0; i < min(STAGES, count); ++i) issue(i);
-    }
-#if USE_PDL
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
-
-    // h = x (+ residual) and its sum of squares, over all threads; block 0 writes h out.
-    float rstd = 1.f;
-    if (NORM || HAS_RES) {
-        float sum_sq = 0.f;
-        for (int q = threadIdx.x; q < K / 8; q += (WARPS + 1) * 32) {
-            float v[8];
-            load_h(x, res, q, v);
-            if (HAS_RES && blockIdx.x == 0) res_out[q] = pack8(v);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) sum_sq = fmaf(v[i], v[i], sum_sq);
-        }
-        if (NORM) {
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, off);
-            if (lane == 0) partial_sq[warp] = sum_sq;
-            __syncthreads();
-            sum_sq = 0.f;
-#pragma unroll
-            for (int i = 0; i <= WARPS; ++i) sum_sq += partial_sq[i];
-            rstd = rsqrtf(sum_sq / K + eps);
-        }
-    }
-
-    if (warp == WARPS) {
-        // Producer: refill each stage as soon as the warps are done with it, then finish its rows.
-        for (int i = 0; i < count; ++i) {
-            const int s = i % STAGES;
-            const u32 parity = (i / STAGES) & 1;
-            mbar_wait(&empty[s], parity);
-            if (lane == 0 && i + STAGES < count) issue(i + STAGES);
-            const int n = (g_lo + i) * ROWS + lane;
-            if (lane < ROWS && n < N) {
-                float y = 0.f, up = 0.f;
-#pragma unroll
-                for (int v = 0; v < WARPS; ++v) {
-                    y += partial[s][parity][v][lane];
-                    if (GLU) up += partial[s][parity][v][ROWS + lane];
-                }
-                y *= rstd;
-                if (HAS_SCALE) y *= x2f(scale[n]);
-                if (HAS_BIAS) y += x2f(bias[n]);
-                if (GLU) {
-                    up *= rstd;
-                    if (HAS_SCALE) up *= x2f(scale[N + n]);
-                    if (HAS_BIAS) up += x2f(bias[N + n]);
-                    const float g = round_x(y);
-                    y = round_x(g / (1.f + __expf(-g))) * round_x(up);
-                }
-                out[n] = f2x(y);
-            }
-        }
-        return;
-    }
-
-    // Consumers: this lane's chunks of x, as the product reads them (after the norm weight).
-    float xr[CPL][EPC];
-#pragma unroll
-    for (int i = 0; i < CPL; ++i) {
-        const int c = lane + 32 * (warp + WARPS * i);
-#pragma unroll
-        for (int h = 0; h < EPC / 8; ++h) {
-            float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-            if (c < chunks) {
-                const int q = c * (EPC / 8) + h;
-                load_h(x, res, q, v);
-                if (NORM) {
-                    float g[8];
-                    unpack8(norm_w[q], g);
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) v[e] *= g[e];
-                }
-            }
-#pragma unroll
-            for (int e = 0; e < 8; ++e) xr[i][8 * h + e] = v[e];
-        }
-    }
-    for (int i = 0; i < count; ++i) {
-        const int s = i % STAGES;
-        const u32 parity = (i / STAGES) & 1;
-        mbar_wait(&full[s], parity);
-        const u32 base = stage0 + s * stage_bytes + 16 * (lane + 32 * warp);
-        float acc[NR];
-#pragma unroll
-        for (int r = 0; r < NR; ++r) acc[r] = 0.f;
-#pragma unroll
-        for (int j = 0; j < CPL; ++j) {
-            if (lane + 32 * (warp + WARPS * j) >= chunks) break;
-            uint4 wv[NR];
-#pragma unroll
-            for (int r = 0; r < NR; ++r) wv[r] = lds128(base + r * row_bytes + 16 * 32 * WARPS * j);
-#pragma unroll
-            for (int r = 0; r < NR; ++r)
-#pragma unroll
-                for (int e = 0; e < EPC; ++e) acc[r] = fmaf(widen(wv[r], e), xr[j][e], acc[r]);
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-#pragma unroll
-            for (int r = 0; r < NR; ++r) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < NR; ++r) partial[s][parity][warp][r] = acc[r];
-            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_u32(&empty[s])) : "memory");
-        }
-    }
-}
-#endif  // BULK
 
 #if MMA
 // Tensor-core form: a block owns 16 rows of the mma.m16n8k16 A operand (16 output rows, or 8
@@ -499,6 +310,297 @@ __device__ __forceinline__ void mma_16816(float* d, u32 a0, u32 a1, u32 a2, u32 
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+#endif  // MMA helpers
+
+#if BULK
+// Bulk-copy form: the weight stream leaves the registers. A persistent block (BLOCKS per
+// multiprocessor) owns a contiguous run of row groups, ROWS rows each (and their ROWS up rows
+// with GLU); a producer warp streams each group into a ring of STAGES shared-memory stages with
+// `cp.async.bulk` (the copy engine: one instruction per run of rows, evicting first from L2),
+// and WARPS consumer warps split K between them, each lane holding its chunks of x in registers
+// for the whole kernel. A consumer leaves one partial sum per row and stage; the producer sums
+// the warps' partials and writes the outputs (scale, bias, SwiGLU) while the next stages stream.
+// mbarriers: full[s] counts the stage's bytes in, empty[s] the warps done with it.
+//
+// The consumers' product, by MMA:
+//   0 (FFMA): lane l of warp v owns chunks l + 32 (v + WARPS i), i < CPL, with x in fp32 after
+//     the norm weight (rstd is applied to the sum); per stage, CPL shared loads and EPC FMAs per
+//     row, then a reduction over the lanes.
+//   1 (tensor cores): K is cut into 8 segments, and the stage's rows (one or two) times the 8
+//     segments are the 16 rows of the mma.m16n8k16 A operand: lane (g, t) = (lane / 4, lane % 4)
+//     holds rows (0, segment g) and (1, segment g); B's column n is segment n of x, so D[(r, g)][g]
+//     is row r's sum over segment g (the other columns are discarded). A warp step covers 4
+//     chunks of each segment (lane t takes one), steps go round the warps (CPL per lane), and odd
+//     segments run a step ahead so the 8 groups' shared loads fall in different banks. x is B in
+//     the MMA's half type, normed and rounded as the unfused path rounds it. Widening int8 costs
+//     one instruction a weight, against three with FFMA.
+#define NR (ROWS * (GLU ? 2 : 1))
+#define NR_POW2 (NR <= 1 ? 1 : NR <= 2 ? 2 : NR <= 4 ? 4 : NR <= 8 ? 8 : 16)
+#define SEGS 8
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ uint4 lds128(u32 addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+
+// Steps of a consumer warp's round: 32 chunks (FFMA), or 4 chunks of each of the 8 segments (MMA).
+__device__ __forceinline__ int round_steps(int chunks) {
+#if MMA
+    return ((chunks + SEGS - 1) / SEGS + 3) / 4;
+#else
+    return (chunks + 31) / 32;
+#endif
+}
+
+// The chunk (16 bytes of a weight row, EPC elements of x) that this lane takes in round i, or -1.
+__device__ __forceinline__ int lane_chunk(int i, int lane, int warp, int chunks) {
+    const int step = warp + WARPS * i;
+#if MMA
+    const int g = lane >> 2, seg = (chunks + SEGS - 1) / SEGS, steps = (seg + 3) / 4;
+    if (step >= steps) return -1;
+    const int c = 4 * ((step + (g & 1)) % steps) + (lane & 3);
+    return c < min(seg, chunks - g * seg) ? g * seg + c : -1;
+#else
+    const int c = lane + 32 * step;
+    return c < chunks ? c : -1;
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__((WARPS + 1) * 32)
+gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __restrict__ res,
+     const uint4* __restrict__ norm_w, uint4* __restrict__ res_out, const u16* __restrict__ scale,
+     const u16* __restrict__ bias, u16* __restrict__ out, int N, int K, float eps)
+{
+    extern __shared__ __align__(128) unsigned char stages[];  // STAGES x NR rows of K weights
+    __shared__ u64 full[STAGES], empty[STAGES];
+    __shared__ float partial[STAGES][2][WARPS][NR];  // [stage][pass parity][warp][row]
+    __shared__ float partial_sq[WARPS + 1];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 row_bytes = (u32)K * W_BYTES, stage_bytes = NR * row_bytes;
+    const int chunks = K / EPC, steps = round_steps(chunks);
+    const int groups = (N + ROWS - 1) / ROWS;
+    const int g_lo = (int)((long long)blockIdx.x * groups / gridDim.x);
+    const int count = (int)((long long)(blockIdx.x + 1) * groups / gridDim.x) - g_lo;
+    const u32 stage0 = smem_u32(stages);
+
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_u32(&full[s])));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(&empty[s])), "r"(WARPS));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    u64 policy = 0;
+    // Group i of this block into its stage: ROWS rows, and with GLU the ROWS up rows N below.
+    auto issue = [&](int i) {
+        const int s = i % STAGES, n0 = (g_lo + i) * ROWS;
+        const u32 bytes = (u32)min(ROWS, N - n0) * row_bytes;
+        const u32 dst = stage0 + s * stage_bytes, bar = smem_u32(&full[s]);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"((GLU ? 2 : 1) * bytes)
+                     : "memory");
+        const unsigned char* src = reinterpret_cast<const unsigned char*>(w) + (size_t)n0 * row_bytes;
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                     " [%0], [%1], %2, [%3], %4;" :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy) : "memory");
+        if (GLU) {
+            src += (size_t)N * row_bytes;
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                         " [%0], [%1], %2, [%3], %4;" :: "r"(dst + ROWS * row_bytes), "l"(src), "r"(bytes), "r"(bar),
+                         "l"(policy) : "memory");
+        }
+    };
+    if (warp == WARPS && lane == 0) {  // independent of the kernel before: streams before the wait
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+        for (int i = 0; i < min(STAGES, count); ++i) issue(i);
+    }
+#if USE_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+
+    // h = x (+ residual) over this lane's chunks, kept as x's dtype (h is rounded to it), and its
+    // sum of squares: the consumers' chunks cover K once. Block 0 writes h out.
+    u32 hp[CPL][EPC / 2];
+    float sum_sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+        const int c = warp < WARPS ? lane_chunk(i, lane, warp, chunks) : -1;
+#pragma unroll
+        for (int h8 = 0; h8 < EPC / 8; ++h8) {
+            float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+            if (c >= 0) {
+                const int q = c * (EPC / 8) + h8;
+                load_h(x, res, q, v);
+                if (HAS_RES && blockIdx.x == 0) res_out[q] = pack8(v);
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e += 2) {
+                sum_sq = fmaf(v[e], v[e], fmaf(v[e + 1], v[e + 1], sum_sq));
+                hp[i][4 * h8 + e / 2] = (u32)f2x(v[e]) | ((u32)f2x(v[e + 1]) << 16);
+            }
+        }
+    }
+    float rstd = 1.f;
+    if (NORM) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, off);
+        if (lane == 0) partial_sq[warp] = sum_sq;
+        __syncthreads();
+        sum_sq = 0.f;
+#pragma unroll
+        for (int i = 0; i <= WARPS; ++i) sum_sq += partial_sq[i];
+        rstd = rsqrtf(sum_sq / K + eps);
+    }
+
+    if (warp == WARPS) {
+        // Producer: refill each stage as soon as the warps are done with it, then finish its rows.
+        const float post = MMA ? 1.f : rstd;  // the MMA's x is normed already
+        for (int i = 0; i < count; ++i) {
+            const int s = i % STAGES;
+            const u32 parity = (i / STAGES) & 1;
+            mbar_wait(&empty[s], parity);
+            if (lane == 0 && i + STAGES < count) issue(i + STAGES);
+            const int n = (g_lo + i) * ROWS + lane;
+            if (lane < ROWS && n < N) {
+                float y = 0.f, up = 0.f;
+#pragma unroll
+                for (int v = 0; v < WARPS; ++v) {
+                    y += partial[s][parity][v][lane];
+                    if (GLU) up += partial[s][parity][v][ROWS + lane];
+                }
+                y *= post;
+                if (HAS_SCALE) y *= x2f(scale[n]);
+                if (HAS_BIAS) y += x2f(bias[n]);
+                if (GLU) {
+                    up *= post;
+                    if (HAS_SCALE) up *= x2f(scale[N + n]);
+                    if (HAS_BIAS) up += x2f(bias[N + n]);
+                    const float g = round_x(y);
+                    y = round_x(g / (1.f + __expf(-g))) * round_x(up);
+                }
+                out[n] = f2x(y);
+            }
+        }
+        return;
+    }
+
+    // Consumers: x as the product reads it.
+#if MMA
+    u32 xb[CPL][EPC / 2];  // B pairs: round(h * rstd) * norm weight, in the MMA's type
+#else
+    float xr[CPL][EPC];    // h * norm weight, fp32 (rstd goes on the sum)
+#endif
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+        const int c = lane_chunk(i, lane, warp, chunks);
+#pragma unroll
+        for (int h8 = 0; h8 < EPC / 8; ++h8) {
+            float g[8] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f};
+            if (NORM && c >= 0) unpack8(norm_w[c * (EPC / 8) + h8], g);
+#pragma unroll
+            for (int e = 0; e < 8; e += 2) {
+                const u32 pair = hp[i][4 * h8 + e / 2];
+                float v0 = x2f((u16)(pair & 0xffffu)), v1 = x2f((u16)(pair >> 16));
+#if MMA
+                if (NORM) { v0 = round_x(v0 * rstd) * g[e]; v1 = round_x(v1 * rstd) * g[e + 1]; }
+                xb[i][4 * h8 + e / 2] = to_mma_pair(v0, v1);
+#else
+                xr[i][8 * h8 + e] = v0 * g[e];
+                xr[i][8 * h8 + e + 1] = v1 * g[e + 1];
+#endif
+            }
+        }
+    }
+
+    for (int i = 0; i < count; ++i) {
+        const int s = i % STAGES;
+        const u32 parity = (i / STAGES) & 1;
+        mbar_wait(&full[s], parity);
+        const u32 st = stage0 + s * stage_bytes;
+#if MMA
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+            if (warp + WARPS * j >= steps) break;  // the same for the whole warp: the MMA needs all lanes
+            const int c = lane_chunk(j, lane, warp, chunks);
+            uint4 wa = make_uint4(0, 0, 0, 0), wb = make_uint4(0, 0, 0, 0);
+            if (c >= 0) {
+                wa = lds128(st + 16 * c);
+                if (NR == 2) wb = lds128(st + row_bytes + 16 * c);
+            }
+#pragma unroll
+            for (int p = 0; p < EPC / 4; ++p)
+                mma_16816(d, weight_pair(wa, 2 * p), weight_pair(wb, 2 * p), weight_pair(wa, 2 * p + 1),
+                          weight_pair(wb, 2 * p + 1), xb[j][2 * p], xb[j][2 * p + 1]);
+        }
+        // D[(r, g)][g]: lane (g, g / 2) holds it in d[g & 1] (r = 0) and d[2 + (g & 1)] (r = 1).
+        const int g = lane >> 2, from = 4 * g + (g >> 1);
+        float acc[2] = {__shfl_sync(0xffffffffu, (g & 1) ? d[1] : d[0], from),
+                        __shfl_sync(0xffffffffu, (g & 1) ? d[3] : d[2], from)};
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1)
+#pragma unroll
+            for (int r = 0; r < NR; ++r) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+#else
+        const u32 base = st + 16 * (lane + 32 * warp);
+        float acc[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) acc[r] = 0.f;
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+            if (lane + 32 * (warp + WARPS * j) >= chunks) break;
+            uint4 wv[NR];
+#pragma unroll
+            for (int r = 0; r < NR; ++r) wv[r] = lds128(base + r * row_bytes + 16 * 32 * WARPS * j);
+#pragma unroll
+            for (int r = 0; r < NR; ++r)
+#pragma unroll
+                for (int e = 0; e < EPC; ++e) acc[r] = fmaf(widen(wv[r], e), xr[j][e], acc[r]);
+        }
+        // Sum over the lanes, transposing: each step halves the rows a lane carries and doubles
+        // the lanes a row's sum covers (NR_POW2 - 1 shuffles), then plain steps finish the rows.
+        float v[NR_POW2];
+#pragma unroll
+        for (int r = 0; r < NR_POW2; ++r) v[r] = r < NR ? acc[r] : 0.f;
+#pragma unroll
+        for (int half = NR_POW2 / 2, off = 16; half >= 1; half >>= 1, off >>= 1) {
+            const bool upper = lane & off;
+#pragma unroll
+            for (int r = 0; r < half; ++r) {
+                const float send = upper ? v[r] : v[r + half], keep = upper ? v[r + half] : v[r];
+                v[r] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+            }
+        }
+#pragma unroll
+        for (int off = 16 / NR_POW2; off > 0; off >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
+        // Lane l now holds the sum of row l / (32 / NR_POW2).
+        const int row = lane / (32 / NR_POW2);
+        if (lane % (32 / NR_POW2) == 0 && row < NR) partial[s][parity][warp][row] = v[0];
+        __syncwarp();
+#endif
+        if (lane == 0) {
+#if MMA
+#pragma unroll
+            for (int r = 0; r < NR; ++r) partial[s][parity][warp][r] = acc[r];
+#endif
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_u32(&empty[s])) : "memory");
+        }
+    }
+}
+#endif  // BULK
+#if MMA && !BULK
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __restrict__ res,
      const uint4* __restrict__ norm_w, uint4* __restrict__ res_out, const u16* __restrict__ scale,
@@ -626,7 +728,7 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
         }
     }
 }
-#endif  // MMA
+#endif  // MMA && !BULK
 """
 
 # The FFMA form's tiles: warps per block, output rows per warp, 16-byte chunks in flight per row
@@ -683,9 +785,9 @@ def defines(*, x_fp16: bool, w_bytes: int, fp8: bool, norm: bool, res: bool, glu
     return "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
 
 
-# The bulk-copy form's ring: stages of about STAGE_BYTES, about RING_BYTES in all, so that a
-# second block (the next kernel's, under PDL) fits beside it in a multiprocessor's 228 KB. At most
-# 8 rows a stage: the producer's lanes finish one row each, and each row is a register a lane.
+# The bulk-copy form's ring: stages of about STAGE_BYTES, about RING_BYTES in all (tiles STAGE_KB
+# and RING_KB change them), so that a second block (the next kernel's, under PDL) fits beside it
+# in a multiprocessor's 228 KB. At most 8 rows a stage: each row is a register a lane.
 BULK_STAGE_BYTES = 16 << 10
 BULK_RING_BYTES = 96 << 10
 BULK_MAX_ROWS = 8
@@ -693,19 +795,28 @@ BULK_MAX_ROWS = 8
 
 def bulk_tiles(K: int, w_bytes: int, glu: bool, tiles: dict) -> dict:
     """The bulk-copy form's tiles with the ones left at 0 worked out for this K: ROWS rows a stage
-    (of gate and of up with GLU), STAGES stages, one block a multiprocessor, and CPL, the chunks
-    of x each consumer lane holds (16-byte weight chunks per row over 32 * WARPS lanes)."""
+    (of gate and of up with GLU), STAGES stages, one block a multiprocessor, and CPL, the rounds
+    of K each consumer lane takes (32 chunks a warp round with FFMA; 4 chunks of each of the 8
+    segments with MMA, whose A operand holds at most two rows a stage)."""
     t = dict(tiles)
     row_bytes = K * w_bytes * (2 if glu else 1)
-    t["ROWS"] = t.get("ROWS") or max(1, min(BULK_MAX_ROWS, BULK_STAGE_BYTES // row_bytes))
+    max_rows = (1 if glu else 2) if t.get("MMA") else BULK_MAX_ROWS
+    stage_target = (t.pop("STAGE_KB", 0) << 10) or BULK_STAGE_BYTES
+    ring_target = (t.pop("RING_KB", 0) << 10) or BULK_RING_BYTES
+    if not t.get("ROWS"):
+        t["ROWS"] = max(1, min(max_rows, stage_target // row_bytes))
+        if t.get("MMA") and not glu and 2 * row_bytes <= 2 * stage_target:
+            t["ROWS"] = 2  # two rows fill the A operand; up to twice the target a stage
     stage = t["ROWS"] * row_bytes
-    t["STAGES"] = t.get("STAGES") or max(2, min(8, BULK_RING_BYTES // stage))
+    t["STAGES"] = t.get("STAGES") or max(2, min(12, ring_target // stage))
     t["BLOCKS"] = t.get("BLOCKS") or 1
-    t["CPL"] = -(-(K * w_bytes // 16) // (32 * t["WARPS"]))
+    chunks = K * w_bytes // 16
+    steps = -(-(-(-chunks // 8)) // 4) if t.get("MMA") else -(-chunks // 32)
+    t["CPL"] = -(-steps // t["WARPS"])
     need = t["STAGES"] * stage + bulk_static_shared(t, glu)
-    if t["ROWS"] > BULK_MAX_ROWS or need > MAX_SHARED:
+    if t["ROWS"] > max_rows or need > MAX_SHARED:
         raise ValueError(f"bulk GEMV tiles {tiles} need {t['ROWS']} rows a stage and {need} B of shared memory for "
-                         f"K={K}; at most {BULK_MAX_ROWS} and {MAX_SHARED}: use fewer ROWS or STAGES")
+                         f"K={K}; at most {max_rows} and {MAX_SHARED}: use fewer ROWS or STAGES")
     return t
 
 

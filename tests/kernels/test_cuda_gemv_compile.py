@@ -76,13 +76,15 @@ def test_the_tensor_core_form_compiles(weights, fusion):
 
 @needs_nvrtc
 @pytest.mark.parametrize("weights,fusion", list(itertools.product(WEIGHTS, FUSIONS)))
-def test_the_bulk_copy_form_compiles(weights, fusion):
+@pytest.mark.parametrize("mma", [0, 1], ids=["ffma", "mma"])
+def test_the_bulk_copy_form_compiles(weights, fusion, mma):
     glu = FUSIONS[fusion]["glu"]
-    tiles = cuda_gemv.bulk_tiles(4096, WEIGHTS[weights]["w_bytes"], glu, cuda_gemv.BULK_CONFIG)
+    tiles = cuda_gemv.bulk_tiles(4096, WEIGHTS[weights]["w_bytes"], glu, dict(cuda_gemv.BULK_CONFIG, MMA=mma))
     ptx = _ptx(weights, fusion, tiles=tiles)
     assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
     assert "L2::evict_first" in ptx, "the weights are read once: first out of L2"
     assert "ld.shared.v4" in ptx and "ld.global.nc.L1::no_allocate" not in ptx
+    assert ("mma.sync.aligned.m16n8k16" in ptx) == bool(mma)
 
 
 @needs_nvrtc
@@ -108,6 +110,13 @@ def test_bulk_tiles_fit_the_ring():
         cuda_gemv.bulk_tiles(14336, 2, True, dict(cuda_gemv.BULK_CONFIG, ROWS=2, STAGES=4))
     with pytest.raises(ValueError, match="fewer ROWS or STAGES"):
         cuda_gemv.bulk_tiles(4096, 2, False, dict(cuda_gemv.BULK_CONFIG, ROWS=9))
+    mma = dict(cuda_gemv.BULK_CONFIG, MMA=1)  # two rows a stage at most (one gate/up pair)
+    t = cuda_gemv.bulk_tiles(4096, 1, False, mma)  # 8 segments of 32 int8 chunks: 8 steps of 4
+    assert (t["ROWS"], t["CPL"]) == (2, 1)
+    assert cuda_gemv.bulk_tiles(14336, 2, False, mma)["ROWS"] == 1, "two 28 KB rows: more than 32 KB"
+    assert cuda_gemv.bulk_tiles(4096, 2, True, mma)["ROWS"] == 1
+    with pytest.raises(ValueError, match="fewer ROWS"):
+        cuda_gemv.bulk_tiles(4096, 2, True, dict(mma, ROWS=2))
 
 
 @needs_nvrtc

@@ -82,7 +82,7 @@ def _fused_case(device, N, K, quant, fuse, dtype):
     return x, w, scale, kw
 
 
-FORMS = {"ffma": {"WARPS": 8, "ROWS": 2, "UNROLL": 4, "BLOCKS": 0}, "mma": {"MMA": 1, "WARPS": 4, "UNROLL": 2}, "bulk": {"BULK": 1}}
+FORMS = {"ffma": {"WARPS": 8, "ROWS": 2, "UNROLL": 4, "BLOCKS": 0}, "mma": {"MMA": 1, "WARPS": 4, "UNROLL": 2}, "bulk": {"BULK": 1}, "bulk_mma": {"BULK": 1, "MMA": 1}}
 
 
 @pytest.mark.gpu
@@ -90,7 +90,7 @@ FORMS = {"ffma": {"WARPS": 8, "ROWS": 2, "UNROLL": 4, "BLOCKS": 0}, "mma": {"MMA
 @pytest.mark.parametrize("quant", ["none", "int8-weight-only", "fp8-weight-only"], ids=["dense", "int8", "fp8"])
 @pytest.mark.parametrize("fuse", ["plain", "norm", "norm_res", "norm_res_glu", "glu_bias"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("form", ["ffma", "mma", "bulk"])
+@pytest.mark.parametrize("form", list(FORMS))
 def test_cuda_gemv_matches_the_unfused_path(device, N, K, quant, fuse, dtype, form):
     from shardline.kernels import cuda_gemv
     if device == "cpu" or not cuda_gemv.available():
@@ -219,15 +219,20 @@ def test_decode_layers_fused_equal_unfused(device, quant, monkeypatch):
 @pytest.mark.parametrize("warps,rows,stages,blocks", [(1, 1, 2, 1), (4, 3, 3, 1), (8, 0, 0, 2), (16, 5, 2, 1),
                                                       (8, 1, 8, 3)])
 @pytest.mark.parametrize("quant", ["none", "int8-weight-only"], ids=["dense", "int8"])
-def test_cuda_gemv_bulk_tiles(device, warps, rows, stages, blocks, quant):
+@pytest.mark.parametrize("mma", [0, 1], ids=["ffma", "mma"])
+def test_cuda_gemv_bulk_tiles(device, warps, rows, stages, blocks, quant, mma):
     """The bulk-copy form with 1 to 16 consumer warps (K = 1040: 130 chunks of bf16, 65 of int8,
-    so some warps own none), groups that do not divide N, a ring of 2 to 8 stages that wraps
-    many times, and more blocks than groups (3 a multiprocessor, one row each)."""
+    so some warps own none; with MMA, 8 segments of 17 or 9 chunks, the last one shorter), groups
+    that do not divide N, a ring of 2 to 8 stages that wraps many times, and more blocks than
+    groups (3 a multiprocessor, one row each). The MMA form takes at most 2 rows a stage."""
     from shardline.kernels import cuda_gemv
     if device == "cpu" or not cuda_gemv.available():
         pytest.skip("the CUDA C GEMV needs a GPU and CuPy")
-    cfg = dict(backend="cuda", BULK=1, WARPS=warps, ROWS=rows, STAGES=stages, BLOCKS=blocks)
+    cfg = dict(backend="cuda", BULK=1, MMA=mma, WARPS=warps, ROWS=min(rows, 2) if mma else rows, STAGES=stages,
+               BLOCKS=blocks)
     for fuse in ("plain", "norm_res_glu", "glu_bias"):
+        if mma and "glu" in fuse and cfg["ROWS"] > 1:
+            continue
         x, w, scale, kw = _fused_case(device, 301, 1040, quant, fuse, torch.bfloat16)
         y, r = fused_linear(x, w, scale, config=cfg, **kw)
         y_ref, r_ref = fused_linear_ref(x, w, scale, **kw)
@@ -236,7 +241,7 @@ def test_cuda_gemv_bulk_tiles(device, warps, rows, stages, blocks, quant):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["ffma", "bulk"])
+@pytest.mark.parametrize("form", ["ffma", "bulk", "bulk_mma"])
 def test_cuda_gemv_with_programmatic_dependent_launch(device, monkeypatch, form):
     from shardline.kernels import cuda_gemv
     if device == "cpu" or not cuda_gemv.available() or not _dispatch.use_pdl(torch.empty(0, device=device)):
