@@ -381,7 +381,7 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
      const uint4* __restrict__ norm_w, uint4* __restrict__ res_out, const u16* __restrict__ scale,
      const u16* __restrict__ bias, u16* __restrict__ out, int N, int K, float eps)
 {
-    extern __shared__ __align__(128) unsigned char stages[];  // STAGES x NR rows of K weights
+    extern __shared__ __align__(128) unsigned char stages[];  // STAGES x NR rows of K weights, row params
     __shared__ u64 full[STAGES], empty[STAGES];
     __shared__ float partial[STAGES][2][WARPS][NR];  // [stage][pass parity][warp][row]
     __shared__ float partial_sq[WARPS + 1];
@@ -452,12 +452,24 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
             }
         }
     }
+    // The block's row scales and biases (gate then up with GLU) into shared memory, so that the
+    // producer's epilogue never waits on a global load between refills.
+    const int n_lo = g_lo * ROWS, n_rows = min(count * ROWS, N - n_lo);
+    u16* const row_params = reinterpret_cast<u16*>(stages + STAGES * stage_bytes);  // [scale | bias][GLU][n_rows]
+    const int params_stride = (GLU ? 2 : 1) * n_rows;
+    if (HAS_SCALE || HAS_BIAS) {
+        for (int j = threadIdx.x; j < params_stride; j += (WARPS + 1) * 32) {
+            const int n = j < n_rows ? n_lo + j : N + n_lo + (j - n_rows);
+            if (HAS_SCALE) row_params[j] = scale[n];
+            if (HAS_BIAS) row_params[(HAS_SCALE ? params_stride : 0) + j] = bias[n];
+        }
+    }
     float rstd = 1.f;
-    if (NORM) {
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, off);
-        if (lane == 0) partial_sq[warp] = sum_sq;
-        __syncthreads();
+    for (int off = 16; off > 0; off >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, off);
+    if (lane == 0) partial_sq[warp] = sum_sq;
+    __syncthreads();
+    if (NORM) {
         sum_sq = 0.f;
 #pragma unroll
         for (int i = 0; i <= WARPS; ++i) sum_sq += partial_sq[i];
@@ -480,13 +492,15 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
                     y += partial[s][parity][v][lane];
                     if (GLU) up += partial[s][parity][v][ROWS + lane];
                 }
+                const int j = n - n_lo;
+                const u16* const biases = row_params + (HAS_SCALE ? params_stride : 0);
                 y *= post;
-                if (HAS_SCALE) y *= x2f(scale[n]);
-                if (HAS_BIAS) y += x2f(bias[n]);
+                if (HAS_SCALE) y *= x2f(row_params[j]);
+                if (HAS_BIAS) y += x2f(biases[j]);
                 if (GLU) {
                     up *= post;
-                    if (HAS_SCALE) up *= x2f(scale[N + n]);
-                    if (HAS_BIAS) up += x2f(bias[N + n]);
+                    if (HAS_SCALE) up *= x2f(row_params[n_rows + j]);
+                    if (HAS_BIAS) up += x2f(biases[n_rows + j]);
                     const float g = round_x(y);
                     y = round_x(g / (1.f + __expf(-g))) * round_x(up);
                 }
@@ -747,7 +761,7 @@ DEFAULT_CONFIG = BULK_CONFIG
 
 
 MAX_K = 50 << 10  # x is staged as fp32 in shared memory: 200 KB at most (Hopper allows 227 KB)
-MAX_SHARED = 227 << 10  # a block's static and dynamic shared memory together, on Hopper
+MAX_DYNAMIC_SHARED = 4 * MAX_K  # what a variant is allowed (leaves room for its static shared memory)
 
 
 @functools.cache
@@ -788,7 +802,7 @@ def defines(*, x_fp16: bool, w_bytes: int, fp8: bool, norm: bool, res: bool, glu
 # The bulk-copy form's ring: stages of about STAGE_BYTES, about RING_BYTES in all (tiles STAGE_KB
 # and RING_KB change them), so that a second block (the next kernel's, under PDL) fits beside it
 # in a multiprocessor's 228 KB. At most 8 rows a stage: each row is a register a lane.
-BULK_STAGE_BYTES = 16 << 10
+BULK_STAGE_BYTES = 32 << 10
 BULK_RING_BYTES = 96 << 10
 BULK_MAX_ROWS = 8
 
@@ -813,18 +827,10 @@ def bulk_tiles(K: int, w_bytes: int, glu: bool, tiles: dict) -> dict:
     chunks = K * w_bytes // 16
     steps = -(-(-(-chunks // 8)) // 4) if t.get("MMA") else -(-chunks // 32)
     t["CPL"] = -(-steps // t["WARPS"])
-    need = t["STAGES"] * stage + bulk_static_shared(t, glu)
-    if t["ROWS"] > max_rows or need > MAX_SHARED:
-        raise ValueError(f"bulk GEMV tiles {tiles} need {t['ROWS']} rows a stage and {need} B of shared memory for "
-                         f"K={K}; at most {max_rows} and {MAX_SHARED}: use fewer ROWS or STAGES")
+    if t["ROWS"] > max_rows or t["STAGES"] * stage > MAX_DYNAMIC_SHARED:
+        raise ValueError(f"bulk GEMV tiles {tiles} need {t['ROWS']} rows a stage and a {t['STAGES'] * stage} B ring "
+                         f"for K={K}; at most {max_rows} and {MAX_DYNAMIC_SHARED} B: use fewer ROWS or STAGES")
     return t
-
-
-def bulk_static_shared(tiles: dict, glu: bool) -> int:
-    """The bulk form's static shared bytes: two mbarriers a stage, the warps' partial sums of each
-    stage's rows for two passes, and the norm's partial sums."""
-    rows = tiles["ROWS"] * (2 if glu else 1)
-    return 16 * tiles["STAGES"] + 4 * tiles["STAGES"] * 2 * tiles["WARPS"] * rows + 4 * (tiles["WARPS"] + 1)
 
 
 def compile_ptx(source_defines: str, arch: str = "compute_90") -> str:
@@ -833,10 +839,10 @@ def compile_ptx(source_defines: str, arch: str = "compute_90") -> str:
 
 
 @functools.cache
-def _function(source_defines: str, device_index: int, max_dynamic_shared: int) -> int:
-    """The compiled variant, allowed `max_dynamic_shared` bytes: staging x of MAX_K columns, or
-    the bulk form's ring."""
-    return cuda_runtime.load_function(source_defines + SOURCE, "gemv", device_index, max_dynamic_shared)
+def _function(source_defines: str, device_index: int) -> int:
+    """The compiled variant, allowed MAX_DYNAMIC_SHARED bytes: staging x of MAX_K columns, or the
+    bulk form's ring and row parameters."""
+    return cuda_runtime.load_function(source_defines + SOURCE, "gemv", device_index, MAX_DYNAMIC_SHARED)
 
 
 def _aligned(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -859,9 +865,14 @@ def fused_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     src = defines(x_fp16=x.dtype == torch.float16, w_bytes=weight.element_size(),
                   fp8=weight.dtype == torch.float8_e4m3fn, norm=norm_weight is not None, res=residual is not None,
                   glu=glu, scale=scale is not None, bias=bias is not None, pdl=pdl, **tiles)
-    grid, block, shared = geometry(N, K, glu, weight.element_size(), tiles, sm_count(x))
-    function = _function(src, x.device.index if x.device.index is not None else torch.cuda.current_device(),
-                         shared if tiles.get("BULK") else 4 * MAX_K)
+    grid, block, shared = geometry(N, K, glu, weight.element_size(), tiles, sm_count(x), scale is not None,
+                                   bias is not None)
+    max_shared = MAX_DYNAMIC_SHARED
+    if tiles.get("BULK"):
+        if shared > max_shared:
+            raise ValueError(f"bulk GEMV tiles {tiles} need {shared} B of dynamic shared memory for N={N}, K={K}; "
+                             f"at most {max_shared}: use fewer ROWS or STAGES, or more BLOCKS")
+    function = _function(src, x.device.index if x.device.index is not None else torch.cuda.current_device())
     x, residual, norm_weight = (_aligned(t) for t in (x, residual, norm_weight))
     out = torch.empty((1, N), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(x) if residual is not None else None
@@ -881,12 +892,16 @@ def resolve_tiles(config: dict | None, K: int, w_bytes: int, glu: bool) -> dict:
     return dict(FFMA_GLU_CONFIG if glu else FFMA_CONFIG, **asked)
 
 
-def geometry(N: int, K: int, glu: bool, w_bytes: int, tiles: dict, sms: int) -> tuple[int, int, int]:
-    """(blocks, threads a block, dynamic shared bytes) of a launch with `tiles`, for N outputs."""
+def geometry(N: int, K: int, glu: bool, w_bytes: int, tiles: dict, sms: int, scale: bool = False,
+             bias: bool = False) -> tuple[int, int, int]:
+    """(blocks, threads a block, dynamic shared bytes) of a launch with `tiles`, for N outputs (the
+    bulk form also stages the rows' scales and biases)."""
     if tiles.get("BULK"):  # persistent: BLOCKS a multiprocessor, a producer warp beside WARPS consumers
-        rows = tiles["ROWS"] * (2 if glu else 1)
-        return min(tiles["BLOCKS"] * sms, -(-N // tiles["ROWS"])), 32 * (tiles["WARPS"] + 1), \
-            tiles["STAGES"] * rows * K * w_bytes
+        rows, groups = tiles["ROWS"] * (2 if glu else 1), -(-N // tiles["ROWS"])
+        grid = min(tiles["BLOCKS"] * sms, groups)
+        # the ring, then the most rows a block owns (gate and up): their scales and biases
+        params = 2 * (2 if glu else 1) * -(-groups // grid) * tiles["ROWS"] * (scale + bias)
+        return grid, 32 * (tiles["WARPS"] + 1), tiles["STAGES"] * rows * K * w_bytes + params
     if tiles.get("MMA"):  # 16 A rows a block (8 outputs with GLU); x as half pairs, whole steps
         rows_per_block, kstep = (8 if glu else 16), 64 // w_bytes
         grid, shared = -(-N // rows_per_block), 2 * kstep * -(-K // kstep)

@@ -98,12 +98,15 @@ def test_bulk_pdl_variant_streams_before_the_wait():
 
 
 def test_bulk_tiles_fit_the_ring():
+    # 32 KB stages in a 96 KB ring by default
     t = cuda_gemv.bulk_tiles(4096, 2, False, cuda_gemv.BULK_CONFIG)  # 8 KB rows
-    assert (t["ROWS"], t["STAGES"], t["CPL"], t["BLOCKS"]) == (2, 6, 2, 2)
+    assert (t["ROWS"], t["STAGES"], t["CPL"], t["BLOCKS"]) == (4, 3, 2, 2)
     t = cuda_gemv.bulk_tiles(14336, 2, False, cuda_gemv.BULK_CONFIG)  # 28 KB rows: one a stage
     assert (t["ROWS"], t["STAGES"], t["CPL"]) == (1, 3, 7)
     t = cuda_gemv.bulk_tiles(4096, 1, True, cuda_gemv.BULK_CONFIG)  # int8 gate + up: 8 KB a row pair
-    assert (t["ROWS"], t["STAGES"], t["CPL"]) == (2, 6, 1)
+    assert (t["ROWS"], t["STAGES"], t["CPL"]) == (4, 3, 1)
+    t = cuda_gemv.bulk_tiles(4096, 2, False, dict(cuda_gemv.BULK_CONFIG, STAGE_KB=16, RING_KB=64))
+    assert (t["ROWS"], t["STAGES"]) == (2, 4)
     t = cuda_gemv.bulk_tiles(112, 2, False, cuda_gemv.BULK_CONFIG)  # short rows: at most 8 a stage
     assert t["ROWS"] == cuda_gemv.BULK_MAX_ROWS
     with pytest.raises(ValueError, match="fewer ROWS or STAGES"):
@@ -113,7 +116,8 @@ def test_bulk_tiles_fit_the_ring():
     mma = dict(cuda_gemv.BULK_CONFIG, MMA=1)  # two rows a stage at most (one gate/up pair)
     t = cuda_gemv.bulk_tiles(4096, 1, False, mma)  # 8 segments of 32 int8 chunks: 8 steps of 4
     assert (t["ROWS"], t["CPL"]) == (2, 1)
-    assert cuda_gemv.bulk_tiles(14336, 2, False, mma)["ROWS"] == 1, "two 28 KB rows: more than 32 KB"
+    assert cuda_gemv.bulk_tiles(14336, 2, False, mma)["ROWS"] == 2, "two 28 KB rows: within twice 32 KB"
+    assert cuda_gemv.bulk_tiles(14336, 2, False, dict(mma, STAGE_KB=16))["ROWS"] == 1, "but not twice 16 KB"
     assert cuda_gemv.bulk_tiles(4096, 2, True, mma)["ROWS"] == 1
     with pytest.raises(ValueError, match="fewer ROWS"):
         cuda_gemv.bulk_tiles(4096, 2, True, dict(mma, ROWS=2))
@@ -151,6 +155,9 @@ def test_launch_geometry():
     assert cuda_gemv.geometry(4096, 4096, False, 2, bulk, 132) == (132, 288, 6 * 2 * 8192)
     assert cuda_gemv.geometry(14336, 4096, True, 2, bulk, 132) == (132, 288, 6 * 4 * 8192)
     assert cuda_gemv.geometry(101, 1024, False, 2, bulk, 132)[0] == 51, "no block without a group"
+    # int8 gate/up: each block also stages its rows' scales (gate and up), 55 at most
+    # (2 bytes for each of 55 groups of 2 rows, gate and up)
+    assert cuda_gemv.geometry(14336, 4096, True, 1, bulk, 132, scale=True)[2] == 6 * 4 * 4096 + 2 * 55 * 2 * 2
     mma = dict(WARPS=4, UNROLL=4, MMA=1)
     # 16 rows a block (8 gate/up pairs with GLU); x staged as 2-byte pairs over whole steps of K.
     assert cuda_gemv.geometry(4096, 4096, False, 2, mma, 132) == (256, 128, 2 * 4096)
