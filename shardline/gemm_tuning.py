@@ -13,7 +13,8 @@ with the reference (`agrees`); then it is timed as CUDA-graph replays, as the en
 The file is keyed by
 GPU name; on another GPU, or when the file is missing, the engine warns and keeps its defaults.
 A call with M rows uses the entry of the smallest tuned M >= M (decode graphs run at exactly the
-bucket sizes); above the largest, the default path.
+bucket sizes); above the largest, the default path, and one row takes the default GEMV unless
+batch 1 itself was tuned.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 
 from shardline.config import ModelConfig
+from shardline.kernels.gemv import GEMV_MAX_M
 
 log = logging.getLogger("shardline.gemm_tuning")
 TRITON_CONFIGS = [dict(BLOCK_N=bn, BLOCK_K=128, SPLIT_K=sk, num_warps=4, num_stages=4)
@@ -94,7 +96,9 @@ class GemmTable:
             return None
         ms = sorted(by_m)
         i = bisect.bisect_left(ms, m)
-        return by_m[ms[i]] if i < len(ms) else None
+        if i == len(ms) or (m <= GEMV_MAX_M < ms[i]):
+            return None  # above the largest; or a batch-1 row the table was not tuned for: the GEMV's
+        return by_m[ms[i]]
 
     def save(self, path: str | Path) -> None:
         data = {"gpu": self.gpu, "entries": {k: {str(m): v for m, v in d.items()} for k, d in self.entries.items()}}

@@ -28,6 +28,15 @@ def test_choice_uses_the_smallest_tuned_batch_at_or_above_m():
     assert t.choice(4096, 1024, torch.bfloat16, torch.bfloat16, 1) is None, "untuned shape: default path"
 
 
+def test_a_table_without_batch_1_leaves_batch_1_to_the_gemv():
+    """Buckets never carry a batch-64 choice down to one row: that row is the GEMV's regime, and a
+    table tuned only above it (the H200 decode table) must not send batch 1 to cuBLAS."""
+    t = table()
+    del t.entries[key(4096, 4096, torch.bfloat16, torch.bfloat16)][1]
+    assert t.choice(4096, 4096, torch.bfloat16, torch.bfloat16, 1) is None
+    assert t.choice(4096, 4096, torch.bfloat16, torch.bfloat16, 2)["impl"] == "cublas"
+
+
 def test_round_trip_and_fallbacks(tmp_path, caplog):
     path = tmp_path / "gemm.json"
     table().save(path)
