@@ -3,23 +3,22 @@ triton_gemv.py: optional residual add + RMSNorm before the product, optional Swi
 or fp8 weights with a per-row scale.
 
 A batch-1 decode step is a weight stream, and the time it loses is at the edges of ~130 short
-kernels. This kernel is written for that:
+kernels. Three forms of one kernel, picked by the tiles (`resolve_tiles`):
 
-- one warp owns ROWS output rows (both the gate and the up row with GLU) and walks K in 16-byte
-  chunks, lane l taking chunks l, l + 32, ...; UNROLL chunks per row are in flight at a time,
-  and many warps per multiprocessor keep the memory system full. One warp-shuffle reduction at
-  the end; no split-K partials.
-- weights are read with `ld.global.nc.L1::no_allocate`: they are used once, so they bypass L1.
-- x is staged once per block in shared memory as fp32, after the residual add and the norm weight,
-  laid out so that the lanes' float4 reads are conflict-free; a warp's inner loop is then one
-  weight load, EPC/4 shared loads and the widen-and-FMA per 16-byte chunk.
-- BLOCKS > 0 makes the grid persistent, that many blocks per multiprocessor; 0 (the default)
-  gives one block per WARPS * ROWS rows.
-- programmatic dependent launch (Hopper) is built in but off by default (SHARDLINE_GEMV_PDL=1):
-  the first chunks of weights load before `griddepcontrol.wait`, so a kernel could stream while
-  the one before it finishes. Measured on the H200 (docs/benchmarks.md), it made the batch-1
-  stack 14–27% slower, not faster. CuPy's launcher cannot set the launch attribute, so the launch
-  goes through the driver's `cuLaunchKernelEx` (cuda_runtime.py).
+- BULK (the default): a persistent grid whose producer warp streams each block's rows into a
+  ring of shared-memory stages with `cp.async.bulk`, and whose consumer warps hold their slice
+  of x in registers; launched with programmatic dependent launch, the next GEMV fills its ring
+  while this one drains. Its consumers multiply with FFMA, or with tensor cores (BULK and MMA).
+  Measured on the H200 (docs/benchmarks.md): the batch-1 stack at 4.3 TB/s against 3.7 for FFMA.
+- FFMA: one warp owns ROWS output rows (both the gate and the up row with GLU) and walks K in
+  16-byte loads that bypass L1 (`ld.global.nc.L1::no_allocate`), UNROLL chunks per row in
+  flight, x staged once per block in shared memory as fp32; BLOCKS > 0 makes the grid persistent.
+- MMA: a block owns 16 rows of the mma.m16n8k16 A operand and its warps split K.
+
+Programmatic dependent launch (Hopper): each form loads its first weights before
+`griddepcontrol.wait`. It is on by default for the bulk form only: it made the FFMA form's stack
+14-27% slower (why is not established), the bulk form's 10% faster. CuPy's launcher cannot set
+the launch attribute, so the launch goes through the driver's `cuLaunchKernelEx` (cuda_runtime.py).
 
 Widening: int8 by the float trick (0x4B000000 | (q + 128) is 2^23 + 128 + q as fp32), fp8 e4m3 by
 the hardware pair conversion to fp16. Rounding follows triton_gemv.py (and so the unfused path):
