@@ -141,12 +141,12 @@ def main() -> None:
     fixed = len(rows)
     if args.sweep:
         forms = args.forms.split(",")
+        pdl_modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.sweep_gemv_pdl]
         for b in backends:
             for c, c_glu in sweep_configs(b):
                 form = "triton" if b == "triton" else ("bulk_" if c.get("BULK") else "") + ("mma" if c.get("MMA") else "ffma")
                 if form not in forms:
                     continue
-                pdl_modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.sweep_gemv_pdl]
                 for gemv_pdl in (pdl_modes if b == "cuda" else (False,)):
                     run(f"{b} {form}" if b == "cuda" else b, lambda h, r, c=c, g=c_glu: fused(layers, h, r, c, g),
                         True, [c, c_glu], gemv_pdl)

@@ -57,21 +57,23 @@ CUDA_VARIANTS = {"bf16": dict(w_bytes=2, fp8=False, norm=False, glu=False),
 
 
 def main_cuda() -> None:
-    """The CUDA C GEMV at `shardline tune-gemm`'s tiles (gate/up variants at half the chunks, as
-    benchmarks/gemv_bench.py runs them)."""
+    """The CUDA C GEMV at `shardline tune-gemm`'s tiles (FFMA gate/up variants at half the chunks,
+    as benchmarks/gemv_bench.py runs them; bulk tiles worked out for K = 4096)."""
     from shardline.gemm_tuning import GEMV_CONFIGS
-    print(f"{'form':>4} {'warps':>5} {'rows':>4} {'unroll':>6} {'blocks':>6} {'pipe':>4}  "
-          + "  ".join(f"{v:>14}" for v in CUDA_VARIANTS))
+    from shardline.kernels import cuda_gemv
+    print(f"{'form':>8} {'tiles':<40}  " + "  ".join(f"{v:>14}" for v in CUDA_VARIANTS))
     for cfg in (c for c in GEMV_CONFIGS if c["backend"] == "cuda"):
         tiles = {k: v for k, v in cfg.items() if k != "backend"}
         cells = []
         for flags in CUDA_VARIANTS.values():
-            t = dict(tiles, UNROLL=max(1, tiles["UNROLL"] // 2)) if flags["glu"] and not tiles.get("MMA") else tiles
+            t = cuda_gemv.resolve_tiles(cfg, 4096, flags["w_bytes"], flags["glu"])
+            if flags["glu"] and not (tiles.get("MMA") or tiles.get("BULK")):
+                t = dict(t, UNROLL=max(1, t["UNROLL"] // 2))
             regs, spill = cuda_usage(t, **flags)
             cells.append(f"{regs}" + (f" spill {spill}B" if spill else ""))
-        print(f"{'mma' if tiles.get('MMA') else 'ffma':>4} {tiles['WARPS']:>5} {tiles.get('ROWS', '-'):>4} "
-              f"{tiles['UNROLL']:>6} {tiles.get('BLOCKS', '-'):>6} {tiles.get('PIPE', '-'):>4}  "
-              + "  ".join(f"{c:>14}" for c in cells), flush=True)
+        form = ("bulk_" if tiles.get("BULK") else "") + ("mma" if tiles.get("MMA") else "ffma")
+        shown = ",".join(f"{k}={v}" for k, v in tiles.items() if k not in ("BULK", "MMA"))
+        print(f"{form:>8} {shown:<40}  " + "  ".join(f"{c:>14}" for c in cells), flush=True)
 
 
 def ptxas_usage(block_n: int, block_k: int, num_warps: int, INT8: bool, NORM: bool, GLU: bool) -> tuple[int, int]:

@@ -164,3 +164,18 @@ def test_launch_geometry():
     assert cuda_gemv.geometry(14336, 4096, True, 1, mma, 132) == (1792, 128, 2 * 4096)
     assert cuda_gemv.geometry(301, 1040, False, 1, mma, 132) == (19, 128, 2 * 1088), "1040 -> 17 steps of 64"
     assert cuda_gemv.geometry(301, 1040, False, 2, mma, 132) == (19, 128, 2 * 1056), "1040 -> 33 steps of 32"
+
+
+def test_gemv_pdl_is_per_form_unless_the_environment_says(monkeypatch):
+    """SHARDLINE_GEMV_PDL unset: the bulk form takes PDL and the FFMA and MMA forms do not; 0 or 1
+    sets every form (where PDL can run at all: `use_pdl`)."""
+    import torch
+    from shardline.kernels import _dispatch
+    x = torch.empty(0)
+    monkeypatch.setattr(_dispatch, "use_pdl", lambda x: True)
+    for setting, bulk, other in ((None, True, False), (False, False, False), (True, True, True)):
+        monkeypatch.setattr(_dispatch, "GEMV_PDL_ENABLED", setting)
+        assert (_dispatch.use_gemv_pdl(x, True), _dispatch.use_gemv_pdl(x, False)) == (bulk, other)
+    monkeypatch.setattr(_dispatch, "use_pdl", lambda x: False)
+    monkeypatch.setattr(_dispatch, "GEMV_PDL_ENABLED", True)
+    assert not _dispatch.use_gemv_pdl(x, True), "no PDL where the GPU cannot"
