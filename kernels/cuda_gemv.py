@@ -325,17 +325,21 @@ __device__ __forceinline__ void mma_16816(float* d, u32 a0, u32 a1, u32 a2, u32 
 //   0 (FFMA): lane l of warp v owns chunks l + 32 (v + WARPS i), i < CPL, with x in fp32 after
 //     the norm weight (rstd is applied to the sum); per stage, CPL shared loads and EPC FMAs per
 //     row, then a reduction over the lanes.
-//   1 (tensor cores): K is cut into 8 segments, and the stage's rows (one or two) times the 8
-//     segments are the 16 rows of the mma.m16n8k16 A operand: lane (g, t) = (lane / 4, lane % 4)
-//     holds rows (0, segment g) and (1, segment g); B's column n is segment n of x, so D[(r, g)][g]
-//     is row r's sum over segment g (the other columns are discarded). A warp step covers 4
-//     chunks of each segment (lane t takes one), steps go round the warps (CPL per lane), and odd
-//     segments run a step ahead so the 8 groups' shared loads fall in different banks. x is B in
-//     the MMA's half type, normed and rounded as the unfused path rounds it. Widening int8 costs
-//     one instruction a weight, against three with FFMA.
+//   1 (tensor cores): the stage's rows (MMA_ROWS: NR rounded up to a power of two, at least 2)
+//     times SEGS = 16 / MMA_ROWS segments of K are the 16 rows of the mma.m16n8k16 A operand:
+//     A row m is stage row m / SEGS over segment m % SEGS, so lane (g, t) = (lane / 4, lane % 4)
+//     holds rows g / SEGS and (g + 8) / SEGS of segment g % SEGS. B's column n is segment n of x
+//     (columns SEGS.. are unused), so D[m][m % SEGS] is row m / SEGS's sum over that segment, and
+//     the rest of D is discarded. Lanes of one segment load the same chunks (their B column is
+//     the one the MMA pairs them with). A warp step covers 4 chunks of each segment (lane t takes
+//     one), steps go round the warps (CPL per lane), and odd segments run a step ahead so that
+//     the groups' shared loads fall in different banks. x is B in the MMA's half type, normed and
+//     rounded as the unfused path rounds it. Widening int8 costs one instruction a weight,
+//     against three with FFMA.
 #define NR (ROWS * (GLU ? 2 : 1))
 #define NR_POW2 (NR <= 1 ? 1 : NR <= 2 ? 2 : NR <= 4 ? 4 : NR <= 8 ? 8 : 16)
-#define SEGS 8
+#define MMA_ROWS (NR_POW2 < 2 ? 2 : NR_POW2)
+#define SEGS (16 / MMA_ROWS)
 typedef unsigned long long u64;
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
@@ -365,10 +369,10 @@ __device__ __forceinline__ int round_steps(int chunks) {
 __device__ __forceinline__ int lane_chunk(int i, int lane, int warp, int chunks) {
     const int step = warp + WARPS * i;
 #if MMA
-    const int g = lane >> 2, seg = (chunks + SEGS - 1) / SEGS, steps = (seg + 3) / 4;
+    const int sg = (lane >> 2) % SEGS, seg = (chunks + SEGS - 1) / SEGS, steps = (seg + 3) / 4;
     if (step >= steps) return -1;
-    const int c = 4 * ((step + (g & 1)) % steps) + (lane & 3);
-    return c < min(seg, chunks - g * seg) ? g * seg + c : -1;
+    const int c = 4 * ((step + (sg & 1)) % steps) + (lane & 3);
+    return c < min(seg, chunks - sg * seg) ? sg * seg + c : -1;
 #else
     const int c = lane + 32 * step;
     return c < chunks ? c : -1;
@@ -511,7 +515,7 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 
     // Consumers: x as the product reads it.
 #if MMA
-    u32 xb[CPL][EPC / 2];  // B pairs: round(h * rstd) * norm weight, in the MMA's type
+    u32 (&xb)[CPL][EPC / 2] = hp;  // B pairs, in place of h: round(h * rstd) * norm weight, in the MMA's type
 #else
     float xr[CPL][EPC];    // h * norm weight, fp32 (rstd goes on the sum)
 #endif
@@ -547,25 +551,31 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 #pragma unroll
         for (int j = 0; j < CPL; ++j) {
             if (warp + WARPS * j >= steps) break;  // the same for the whole warp: the MMA needs all lanes
-            const int c = lane_chunk(j, lane, warp, chunks);
+            const int c = lane_chunk(j, lane, warp, chunks), r0 = (lane >> 2) / SEGS, r1 = ((lane >> 2) + 8) / SEGS;
             uint4 wa = make_uint4(0, 0, 0, 0), wb = make_uint4(0, 0, 0, 0);
-            if (c >= 0) {
-                wa = lds128(st + 16 * c);
-                if (NR == 2) wb = lds128(st + row_bytes + 16 * c);
+            if (c >= 0) {  // A rows past the stage's NR stay zero
+                if (r0 < NR) wa = lds128(st + r0 * row_bytes + 16 * c);
+                if (r1 < NR) wb = lds128(st + r1 * row_bytes + 16 * c);
             }
 #pragma unroll
             for (int p = 0; p < EPC / 4; ++p)
                 mma_16816(d, weight_pair(wa, 2 * p), weight_pair(wb, 2 * p), weight_pair(wa, 2 * p + 1),
                           weight_pair(wb, 2 * p + 1), xb[j][2 * p], xb[j][2 * p + 1]);
         }
-        // D[(r, g)][g]: lane (g, g / 2) holds it in d[g & 1] (r = 0) and d[2 + (g & 1)] (r = 1).
-        const int g = lane >> 2, from = 4 * g + (g >> 1);
-        float acc[2] = {__shfl_sync(0xffffffffu, (g & 1) ? d[1] : d[0], from),
-                        __shfl_sync(0xffffffffu, (g & 1) ? d[3] : d[2], from)};
+        // D[m][m % SEGS] for m = g and g + 8: lane (g, sg / 2) holds them in d[sg & 1] and
+        // d[2 + (sg & 1)]; then the sum over the segments of each row (lanes g of one g / SEGS).
+        const int g = lane >> 2, sg = g % SEGS, from = 4 * g + (sg >> 1);
+        float acc[2] = {__shfl_sync(0xffffffffu, (sg & 1) ? d[1] : d[0], from),
+                        __shfl_sync(0xffffffffu, (sg & 1) ? d[3] : d[2], from)};
 #pragma unroll
-        for (int off = 4; off < 32; off <<= 1)
+        for (int off = 4; off < 4 * SEGS; off <<= 1)
 #pragma unroll
-            for (int r = 0; r < NR; ++r) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+            for (int r = 0; r < 2; ++r) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+        if ((lane & 3) == 0 && sg == 0) {  // lane (g, 0) holds rows g / SEGS and (g + 8) / SEGS
+            if (g / SEGS < NR) partial[s][parity][warp][g / SEGS] = acc[0];
+            if ((g + 8) / SEGS < NR) partial[s][parity][warp][(g + 8) / SEGS] = acc[1];
+        }
+        __syncwarp();
 #else
         const u32 base = st + 16 * (lane + 32 * warp);
         float acc[NR];
@@ -604,10 +614,6 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
         __syncwarp();
 #endif
         if (lane == 0) {
-#if MMA
-#pragma unroll
-            for (int r = 0; r < NR; ++r) partial[s][parity][warp][r] = acc[r];
-#endif
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_u32(&empty[s])) : "memory");
         }
     }
@@ -808,23 +814,26 @@ BULK_MAX_ROWS = 8
 
 def bulk_tiles(K: int, w_bytes: int, glu: bool, tiles: dict) -> dict:
     """The bulk-copy form's tiles with the ones left at 0 worked out for this K: ROWS rows a stage
-    (of gate and of up with GLU), STAGES stages, one block a multiprocessor, and CPL, the rounds
-    of K each consumer lane takes (32 chunks a warp round with FFMA; 4 chunks of each of the 8
-    segments with MMA, whose A operand holds at most two rows a stage)."""
+    (of gate and of up with GLU: at most BULK_MAX_ROWS, so at most 16 rows for MMA's A operand),
+    STAGES stages, one block a multiprocessor, and CPL, the rounds of K each consumer lane takes
+    (32 chunks a warp round with FFMA; with MMA, 4 chunks of each of 16 / (rows a stage, rounded
+    up to a power of two, at least 2) segments)."""
     t = dict(tiles)
     row_bytes = K * w_bytes * (2 if glu else 1)
-    max_rows = (1 if glu else 2) if t.get("MMA") else BULK_MAX_ROWS
     stage_target = (t.pop("STAGE_KB", 0) << 10) or BULK_STAGE_BYTES
     ring_target = (t.pop("RING_KB", 0) << 10) or BULK_RING_BYTES
-    if not t.get("ROWS"):
-        t["ROWS"] = max(1, min(max_rows, stage_target // row_bytes))
-        if t.get("MMA") and not glu and 2 * row_bytes <= 2 * stage_target:
-            t["ROWS"] = 2  # two rows fill the A operand; up to twice the target a stage
+    max_rows = BULK_MAX_ROWS
+    t["ROWS"] = t.get("ROWS") or max(1, min(max_rows, stage_target // row_bytes))
     stage = t["ROWS"] * row_bytes
     t["STAGES"] = t.get("STAGES") or max(2, min(12, ring_target // stage))
     t["BLOCKS"] = t.get("BLOCKS") or 1
     chunks = K * w_bytes // 16
-    steps = -(-(-(-chunks // 8)) // 4) if t.get("MMA") else -(-chunks // 32)
+    if t.get("MMA"):  # 4 chunks of each of the 16 / (stage rows) segments a warp step
+        rows = t["ROWS"] * (2 if glu else 1)
+        segs = 16 // max(2, 1 << (rows - 1).bit_length())
+        steps = -(-(-(-chunks // segs)) // 4)
+    else:  # 32 chunks a warp step
+        steps = -(-chunks // 32)
     t["CPL"] = -(-steps // t["WARPS"])
     if t["ROWS"] > max_rows or t["STAGES"] * stage > MAX_DYNAMIC_SHARED:
         raise ValueError(f"bulk GEMV tiles {tiles} need {t['ROWS']} rows a stage and a {t['STAGES'] * stage} B ring "

@@ -68,13 +68,12 @@ GEMV_CONFIGS += [dict(backend="cuda", WARPS=w, ROWS=r, UNROLL=u, BLOCKS=0, PIPE=
 GEMV_CONFIGS += [dict(backend="cuda", MMA=1, WARPS=w, UNROLL=u, PIPE=p) for w, u, p in (
     (4, 4, 0), (8, 4, 0), (8, 2, 0), (16, 2, 0), (4, 8, 0), (8, 4, 1), (4, 4, 1))]
 # The bulk-copy form (BULK=1): consumer warps, blocks per multiprocessor, stage and ring sizes in
-# KB (rows a stage and stages follow from them per K), and its tensor-core consumers (MMA=1,
-# at most two rows a stage).
+# KB (rows a stage and stages follow from them per K), and its tensor-core consumers (MMA=1).
 GEMV_CONFIGS += [dict(backend="cuda", BULK=1, WARPS=w, BLOCKS=b, STAGE_KB=st, RING_KB=rg) for w, b, st, rg in (
     (8, 2, 32, 96), (8, 2, 16, 96), (8, 2, 24, 96), (8, 2, 32, 64), (16, 2, 32, 96), (4, 2, 32, 96),
     (8, 3, 24, 72))]
 GEMV_CONFIGS += [dict(backend="cuda", BULK=1, MMA=1, WARPS=w, BLOCKS=b, STAGE_KB=st, RING_KB=rg)
-                 for w, b, st, rg in ((8, 2, 16, 96), (8, 2, 16, 64))]
+                 for w, b, st, rg in ((8, 2, 32, 96), (8, 2, 16, 96), (4, 2, 32, 96))]
 # How the engine runs each linear through the GEMV: (RMSNorm fused before, SwiGLU fused after).
 GEMV_FUSION = {"qkv_proj": (True, False), "o_proj": (False, False), "up_proj": (True, True),
                "down_proj": (False, False), "lm_head": (True, False)}

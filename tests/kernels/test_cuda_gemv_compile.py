@@ -113,14 +113,14 @@ def test_bulk_tiles_fit_the_ring():
         cuda_gemv.bulk_tiles(14336, 2, True, dict(cuda_gemv.BULK_CONFIG, ROWS=2, STAGES=4))
     with pytest.raises(ValueError, match="fewer ROWS or STAGES"):
         cuda_gemv.bulk_tiles(4096, 2, False, dict(cuda_gemv.BULK_CONFIG, ROWS=9))
-    mma = dict(cuda_gemv.BULK_CONFIG, MMA=1)  # two rows a stage at most (one gate/up pair)
-    t = cuda_gemv.bulk_tiles(4096, 1, False, mma)  # 8 segments of 32 int8 chunks: 8 steps of 4
+    mma = dict(cuda_gemv.BULK_CONFIG, MMA=1)  # the stage's rows x 16 / rows segments of K: the A operand
+    t = cuda_gemv.bulk_tiles(4096, 1, False, dict(mma, ROWS=2))  # 8 segments of 32 int8 chunks: 8 steps of 4
     assert (t["ROWS"], t["CPL"]) == (2, 1)
-    assert cuda_gemv.bulk_tiles(14336, 2, False, mma)["ROWS"] == 2, "two 28 KB rows: within twice 32 KB"
-    assert cuda_gemv.bulk_tiles(14336, 2, False, dict(mma, STAGE_KB=16))["ROWS"] == 1, "but not twice 16 KB"
-    assert cuda_gemv.bulk_tiles(4096, 2, True, mma)["ROWS"] == 1
-    with pytest.raises(ValueError, match="fewer ROWS"):
-        cuda_gemv.bulk_tiles(4096, 2, True, dict(mma, ROWS=2))
+    t = cuda_gemv.bulk_tiles(4096, 1, False, mma)  # 32 KB: 8 rows, 2 segments of 128 chunks: 32 steps
+    assert (t["ROWS"], t["CPL"]) == (8, 4)
+    t = cuda_gemv.bulk_tiles(4096, 2, True, dict(mma, ROWS=3))  # 6 rows -> 8 A rows: 2 segments of 256
+    assert t["CPL"] == 8
+    assert cuda_gemv.bulk_tiles(4096, 1, True, dict(mma, ROWS=1))["CPL"] == 1, "2 rows: 8 segments"
 
 
 @needs_nvrtc
