@@ -50,12 +50,18 @@ def _is_hopper_or_later(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
+def hopper_or_later(x: torch.Tensor) -> bool:
+    """x lives on a GPU of compute capability 9.0 or later."""
+    return x.is_cuda and _is_hopper_or_later(x.device.index if x.device.index is not None
+                                             else torch.cuda.current_device())
+
+
 def use_pdl(x: torch.Tensor) -> bool:
     """Launch x's kernel with programmatic dependent launch: it may start while the kernel before
     it drains, and waits for it (gdc_wait) before reading what that kernel wrote."""
-    if PDL_DISABLED or TRITON_INTERPRET or not x.is_cuda:
+    if PDL_DISABLED or TRITON_INTERPRET:
         return False
-    return _is_hopper_or_later(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    return hopper_or_later(x)
 
 
 def use_gemv_pdl(x: torch.Tensor, form_default: bool) -> bool:

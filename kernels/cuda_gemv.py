@@ -34,7 +34,7 @@ import functools
 import torch
 
 from . import cuda_runtime
-from ._dispatch import sm_count, use_gemv_pdl
+from ._dispatch import hopper_or_later, sm_count, use_gemv_pdl
 
 SOURCE = r"""
 typedef unsigned int u32;
@@ -868,7 +868,7 @@ def fused_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     K = x.shape[1]
     N = weight.shape[0] // 2 if glu else weight.shape[0]
     assert weight.shape[1] == K, f"weight is {tuple(weight.shape)}, x has {K} columns"
-    tiles = resolve_tiles(config, K, weight.element_size(), glu)
+    tiles = resolve_tiles(config, K, weight.element_size(), glu, hopper_or_later(x))
     pdl = use_gemv_pdl(x, bool(tiles.get("BULK")))
     src = defines(x_fp16=x.dtype == torch.float16, w_bytes=weight.element_size(),
                   fp8=weight.dtype == torch.float8_e4m3fn, norm=norm_weight is not None, res=residual is not None,
@@ -891,11 +891,15 @@ def fused_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     return out, res_out
 
 
-def resolve_tiles(config: dict | None, K: int, w_bytes: int, glu: bool) -> dict:
+def resolve_tiles(config: dict | None, K: int, w_bytes: int, glu: bool, hopper: bool = True) -> dict:
     """A config's tiles in full: none asked (or BULK) is the bulk form on top of BULK_CONFIG; MMA
-    or FFMA tiles go on top of the FFMA defaults."""
+    or FFMA tiles go on top of the FFMA defaults. The bulk form's copies and barriers need Hopper
+    (sm_90): before it, none asked is the FFMA form, and asking for BULK is an error."""
     asked = {k: v for k, v in (config or {}).items() if k != "backend"}
-    if not asked or asked.get("BULK"):
+    if asked.get("BULK") and not hopper:
+        raise ValueError(f"GEMV tiles {asked} ask for the bulk-copy form, which needs a Hopper GPU (sm_90) or "
+                         f"later: drop BULK from the config (tune-gemm on this GPU does not offer it)")
+    if hopper and (not asked or asked.get("BULK")):
         return bulk_tiles(K, w_bytes, glu, dict(BULK_CONFIG, **asked))
     return dict(FFMA_GLU_CONFIG if glu else FFMA_CONFIG, **asked)
 

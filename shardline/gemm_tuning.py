@@ -170,6 +170,7 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
     """`quantization`: "none" or a weight-only scheme (kernels.quant.WEIGHT_ONLY), applied to the
     shapes in `quantized_names` (default: all)."""
     from shardline.kernels import cuda_gemv, gemv, quant
+    from shardline.kernels._dispatch import hopper_or_later
 
     table = GemmTable(torch.cuda.get_device_name(device))
     report = []
@@ -196,7 +197,8 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
             if gemv.fits(x, w) and name in GEMV_FUSION:
                 run_gemv, gemv_reference = _gemv_runner(x, ws, scale, *GEMV_FUSION[name])
                 candidates += [("gemv", cfg, lambda i, c=cfg: run_gemv(i, c), gemv_reference) for cfg in GEMV_CONFIGS
-                               if cfg["backend"] == "triton" or cuda_gemv.fits(x, w, scale, None)]
+                               if cfg["backend"] == "triton" or (cuda_gemv.fits(x, w, scale, None)
+                                                                 and (not cfg.get("BULK") or hopper_or_later(x)))]
             gemv_best = None
             for impl, cfg, fn, ref in candidates:
                 try:

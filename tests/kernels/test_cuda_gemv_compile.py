@@ -146,6 +146,13 @@ def test_no_tiles_is_the_bulk_form_and_ffma_tiles_fill_in():
                                                                                            UNROLL=8)
 
 
+def test_before_hopper_the_default_is_the_ffma_form_and_bulk_is_refused():
+    assert cuda_gemv.resolve_tiles(None, 4096, 2, False, hopper=False) == cuda_gemv.FFMA_CONFIG
+    assert cuda_gemv.resolve_tiles({"backend": "cuda"}, 4096, 1, True, hopper=False) == cuda_gemv.FFMA_GLU_CONFIG
+    with pytest.raises(ValueError, match="needs a Hopper GPU"):
+        cuda_gemv.resolve_tiles({"BULK": 1}, 4096, 2, False, hopper=False)
+
+
 def test_launch_geometry():
     ffma = dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0)
     assert cuda_gemv.geometry(4096, 4096, False, 2, ffma, 132) == (256, 256, 4 * 4096)
