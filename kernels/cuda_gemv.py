@@ -256,15 +256,10 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 
 
 #if MMA
-// Tensor-core form: a block owns 16 rows of the mma.m16n8k16 A operand (16 output rows, or 8
-// gate and their 8 up rows with GLU) and its WARPS warps split K. x is B (every column the same,
-// column 0 used), staged in shared memory as the MMA's half type after the residual add and
-// the norm. Lane (g, t) = (lane / 4, lane % 4) loads 16 bytes of rows g and g + 8 at k offset
-// t * EPC of each step; those EPC values fill its A slots of EPC / 4 MMAs, and its B slots hold
-// the same k's of x, so the contraction pairs the right values for any layout of k within a
-// step. The widening is one or two instructions per pair of weights (int8: byte_perm into the
-// fp16 magic 1024 + (q + 128), then one f16x2 subtract), against three per weight with FFMA.
-// int8 and fp8 multiply in fp16: an activation beyond fp16's range (65504) is not representable.
+// Tensor-core helpers, for the MMA form and the bulk form's MMA consumers. The widening is one or
+// two instructions per pair of weights (int8: byte_perm into the fp16 magic 1024 + (q + 128),
+// then one f16x2 subtract), against three per weight with FFMA. int8 and fp8 multiply in fp16:
+// an activation beyond fp16's range (65504) is not representable.
 #if W_BYTES == 2 && !X_FP16
 #define MMA_TYPE "bf16"
 #else
@@ -620,6 +615,13 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 }
 #endif  // BULK
 #if MMA && !BULK
+// Tensor-core form: a block owns 16 rows of the mma.m16n8k16 A operand (16 output rows, or 8
+// gate and their 8 up rows with GLU) and its WARPS warps split K. x is B (every column the same,
+// column 0 used), staged in shared memory as the MMA's half type after the residual add and
+// the norm. Lane (g, t) = (lane / 4, lane % 4) loads 16 bytes of rows g and g + 8 at k offset
+// t * EPC of each step; those EPC values fill its A slots of EPC / 4 MMAs, and its B slots hold
+// the same k's of x, so the contraction pairs the right values for any layout of k within a
+// step.
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __restrict__ res,
      const uint4* __restrict__ norm_w, uint4* __restrict__ res_out, const u16* __restrict__ scale,
@@ -805,8 +807,8 @@ def defines(*, x_fp16: bool, w_bytes: int, fp8: bool, norm: bool, res: bool, glu
 
 
 # The bulk-copy form's ring: stages of about STAGE_BYTES, about RING_BYTES in all (tiles STAGE_KB
-# and RING_KB change them), so that a second block (the next kernel's, under PDL) fits beside it
-# in a multiprocessor's 228 KB. At most 8 rows a stage: each row is a register a lane.
+# and RING_KB change them), so that two blocks fit in a multiprocessor's 228 KB. At most 8 rows a
+# stage (16 with GLU): FFMA keeps each row's sum in a register a lane, and MMA's A operand has 16.
 BULK_STAGE_BYTES = 32 << 10
 BULK_RING_BYTES = 96 << 10
 BULK_MAX_ROWS = 8
