@@ -17,7 +17,7 @@ kernels. Three forms of one kernel, picked by the tiles (`resolve_tiles`):
 
 Programmatic dependent launch (Hopper): each form loads its first weights before
 `griddepcontrol.wait`. It is on by default for the bulk form only: it made the FFMA form's stack
-14-27% slower (why is not established), the bulk form's 10% faster. CuPy's launcher cannot set
+14-27% slower (why is not established), the bulk form's 9% faster. CuPy's launcher cannot set
 the launch attribute, so the launch goes through the driver's `cuLaunchKernelEx` (cuda_runtime.py).
 
 Widening: int8 by the float trick (0x4B000000 | (q + 128) is 2^23 + 128 + q as fp32), fp8 e4m3 by
@@ -119,6 +119,21 @@ __device__ __forceinline__ void load_h(const uint4* __restrict__ x, const uint4*
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = round_x(v[i] + r[i]);
     }
+}
+
+// One output from its row's sum y (and with GLU the up row's sum up): times the row's scale, plus
+// its bias (scale[i], bias[i] for the gate or plain row, [i_up] for the up row), then SwiGLU,
+// rounded where the unfused kernels round. scale and bias may live in global or shared memory.
+__device__ __forceinline__ u16 finish_output(float y, float up, const u16* scale, const u16* bias, int i, int i_up) {
+    if (HAS_SCALE) y *= x2f(scale[i]);
+    if (HAS_BIAS) y += x2f(bias[i]);
+    if (GLU) {
+        if (HAS_SCALE) up *= x2f(scale[i_up]);
+        if (HAS_BIAS) up += x2f(bias[i_up]);
+        const float g = round_x(y);
+        y = round_x(g / (1.f + __expf(-g))) * round_x(up);
+    }
+    return f2x(y);
 }
 
 #if !MMA && !BULK
@@ -234,17 +249,7 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
         for (int r = 0; r < ROWS; ++r) {
             const int n = (group * WARPS + warp) * ROWS + r;
             if (lane != r || n >= N) continue;
-            float y = acc[r] * rstd;
-            if (HAS_SCALE) y *= x2f(scale[n]);
-            if (HAS_BIAS) y += x2f(bias[n]);
-            if (GLU) {
-                float up = acc[NW - ROWS + r] * rstd;
-                if (HAS_SCALE) up *= x2f(scale[N + n]);
-                if (HAS_BIAS) up += x2f(bias[N + n]);
-                const float g = round_x(y);
-                y = round_x(g / (1.f + __expf(-g))) * round_x(up);
-            }
-            out[n] = f2x(y);
+            out[n] = finish_output(acc[r] * rstd, acc[NW - ROWS + r] * rstd, scale, bias, n, N + n);
         }
         group += gridDim.x;
         if (group >= groups) break;
@@ -491,18 +496,8 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
                     if (GLU) up += partial[s][parity][v][ROWS + lane];
                 }
                 const int j = n - n_lo;
-                const u16* const biases = row_params + (HAS_SCALE ? params_stride : 0);
-                y *= post;
-                if (HAS_SCALE) y *= x2f(row_params[j]);
-                if (HAS_BIAS) y += x2f(biases[j]);
-                if (GLU) {
-                    up *= post;
-                    if (HAS_SCALE) up *= x2f(row_params[n_rows + j]);
-                    if (HAS_BIAS) up += x2f(biases[n_rows + j]);
-                    const float g = round_x(y);
-                    y = round_x(g / (1.f + __expf(-g))) * round_x(up);
-                }
-                out[n] = f2x(y);
+                out[n] = finish_output(y * post, up * post, row_params, row_params + (HAS_SCALE ? params_stride : 0),
+                                       j, n_rows + j);
             }
         }
         return;
@@ -736,17 +731,7 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
             y += partial_y[i][r];
             if (GLU) up += partial_y[i][r + 8];
         }
-        if (n < N) {
-            if (HAS_SCALE) y *= x2f(scale[n]);
-            if (HAS_BIAS) y += x2f(bias[n]);
-            if (GLU) {
-                if (HAS_SCALE) up *= x2f(scale[N + n]);
-                if (HAS_BIAS) up += x2f(bias[N + n]);
-                const float gate = round_x(y);
-                y = round_x(gate / (1.f + __expf(-gate))) * round_x(up);
-            }
-            out[n] = f2x(y);
-        }
+        if (n < N) out[n] = finish_output(y, up, scale, bias, n, N + n);
     }
 }
 #endif  // MMA && !BULK
@@ -870,18 +855,12 @@ def fused_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     K = x.shape[1]
     N = weight.shape[0] // 2 if glu else weight.shape[0]
     assert weight.shape[1] == K, f"weight is {tuple(weight.shape)}, x has {K} columns"
-    tiles = resolve_tiles(config, K, weight.element_size(), glu, hopper_or_later(x))
+    tiles, (grid, block, shared) = launch_plan(config, N, K, weight.element_size(), glu, hopper_or_later(x),
+                                               sm_count(x), scale is not None, bias is not None)
     pdl = use_gemv_pdl(x, bool(tiles.get("BULK")))
     src = defines(x_fp16=x.dtype == torch.float16, w_bytes=weight.element_size(),
                   fp8=weight.dtype == torch.float8_e4m3fn, norm=norm_weight is not None, res=residual is not None,
                   glu=glu, scale=scale is not None, bias=bias is not None, pdl=pdl, **tiles)
-    grid, block, shared = geometry(N, K, glu, weight.element_size(), tiles, sm_count(x), scale is not None,
-                                   bias is not None)
-    max_shared = MAX_DYNAMIC_SHARED
-    if tiles.get("BULK"):
-        if shared > max_shared:
-            raise ValueError(f"bulk GEMV tiles {tiles} need {shared} B of dynamic shared memory for N={N}, K={K}; "
-                             f"at most {max_shared}: use fewer ROWS or STAGES, or more BLOCKS")
     function = _function(src, x.device.index if x.device.index is not None else torch.cuda.current_device())
     x, residual, norm_weight = (_aligned(t) for t in (x, residual, norm_weight))
     out = torch.empty((1, N), dtype=x.dtype, device=x.device)
@@ -891,6 +870,26 @@ def fused_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
             ctypes.c_int(N), ctypes.c_int(K), ctypes.c_float(eps)]
     cuda_runtime.launch(function, grid, block, shared, torch.cuda.current_stream(x.device).cuda_stream, args, pdl)
     return out, res_out
+
+
+def launch_plan(config: dict | None, N: int, K: int, w_bytes: int, glu: bool, hopper: bool, sms: int,
+                scale: bool, bias: bool) -> tuple[dict, tuple[int, int, int]]:
+    """(tiles, (blocks, threads a block, dynamic shared bytes)) of one launch. With no tiles asked,
+    a shape whose bulk ring (and row parameters) would not fit in shared memory takes the FFMA
+    form; asked-for bulk tiles that do not fit are a ValueError naming the knobs."""
+    asked = {k: v for k, v in (config or {}).items() if k != "backend"}
+    try:
+        tiles = resolve_tiles(config, K, w_bytes, glu, hopper)
+        shape = geometry(N, K, glu, w_bytes, tiles, sms, scale, bias)
+        if tiles.get("BULK") and shape[2] > MAX_DYNAMIC_SHARED:
+            raise ValueError(f"bulk GEMV tiles {tiles} need {shape[2]} B of dynamic shared memory for N={N}, "
+                             f"K={K}; at most {MAX_DYNAMIC_SHARED}: use fewer ROWS or STAGES, or more BLOCKS")
+    except ValueError:
+        if asked:
+            raise
+        tiles = dict(FFMA_GLU_CONFIG if glu else FFMA_CONFIG)
+        shape = geometry(N, K, glu, w_bytes, tiles, sms, scale, bias)
+    return tiles, shape
 
 
 def resolve_tiles(config: dict | None, K: int, w_bytes: int, glu: bool, hopper: bool = True) -> dict:

@@ -46,9 +46,10 @@ TRITON_CONFIGS_WIDE = [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num
 
 
 def triton_candidates(m: int) -> list[dict]:
-    """The split-K Triton tiles timed at M = m: none above quant.SMALL_M_MAX (64), where the
-    product is compute-bound and cuBLAS is the choice."""
-    if m > 64:
+    """The split-K Triton tiles timed at M = m: none above SMALL_M_MAX (64), where the product is
+    compute-bound and cuBLAS is the choice."""
+    from shardline.kernels.triton_quant import SMALL_M_MAX  # Triton only where tuning runs
+    if m > SMALL_M_MAX:
         return []
     return TRITON_CONFIGS + (TRITON_CONFIGS_WIDE if m > 16 else [])
 

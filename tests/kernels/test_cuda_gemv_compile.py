@@ -146,6 +146,16 @@ def test_no_tiles_is_the_bulk_form_and_ffma_tiles_fill_in():
                                                                                            UNROLL=8)
 
 
+def test_a_shape_the_bulk_ring_cannot_hold_takes_the_ffma_form_unless_bulk_was_asked_for():
+    # gate/up rows of 50 K bf16 columns: 200 KB a row pair, two stages would need 400 KB
+    tiles, (_, _, shared) = cuda_gemv.launch_plan(None, 1024, cuda_gemv.MAX_K, 2, True, True, 132, False, False)
+    assert tiles == cuda_gemv.FFMA_GLU_CONFIG and shared == 4 * cuda_gemv.MAX_K
+    tiles, _ = cuda_gemv.launch_plan(None, 4096, 4096, 2, False, True, 132, False, False)
+    assert tiles["BULK"], "a shape that fits keeps the bulk form"
+    with pytest.raises(ValueError, match="fewer ROWS or STAGES"):
+        cuda_gemv.launch_plan({"BULK": 1}, 1024, cuda_gemv.MAX_K, 2, True, True, 132, False, False)
+
+
 def test_before_hopper_the_default_is_the_ffma_form_and_bulk_is_refused():
     assert cuda_gemv.resolve_tiles(None, 4096, 2, False, hopper=False) == cuda_gemv.FFMA_CONFIG
     assert cuda_gemv.resolve_tiles({"backend": "cuda"}, 4096, 1, True, hopper=False) == cuda_gemv.FFMA_GLU_CONFIG
