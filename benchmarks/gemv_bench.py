@@ -4,6 +4,7 @@ the fused GEMV (kernels/gemv.py) in its Triton and CUDA C forms, with and withou
 dependent launch.
 
     python benchmarks/gemv_bench.py [--layers 32] [--quant int8|fp8] [--sweep]
+    python benchmarks/gemv_bench.py --per-linear [--quant int8] [--only down]
 
 The fixed rows: unfused, the Triton GEMV, the CUDA GEMV's FFMA form, and the CUDA GEMV as the
 engine runs it by default (the bulk-copy form), each with PDL off and on. --sweep also times
@@ -13,6 +14,11 @@ them fastest first; --sweep-gemv-pdl off|on|both sets the CUDA GEMV's own PDL th
 Per layer: RMSNorm -> qkv, o, RMSNorm -> gate/up -> SwiGLU -> down (attention left out: it
 reads no weights). Each variant is captured once and replayed; the table gives ms per stack,
 the weight bytes streamed per second, and the ratio to the unfused path.
+
+--per-linear times each of the four linears alone (a graph of --layers launches of it, on
+distinct weights, the engine's default GEMV with its PDL), beside the same launches with DRY=1
+(the consumers skip the product), and for int8 with DP4A=0 (widening and FFMA): µs a launch
+and GB/s, so a shape's loss splits into the stream's and the arithmetic's. `ncu` can profile its first, eager, launches.
 """
 
 from __future__ import annotations
@@ -65,6 +71,41 @@ def fused(layers: list[dict], h: torch.Tensor, res: torch.Tensor, c: dict | None
     return h
 
 
+LINEARS = {  # name: (weight key, norm key, glu): how the engine calls each linear of a layer
+    "qkv": ("qkv", "n1", False), "o": ("o", None, False), "up": ("up", "n2", True), "down": ("down", None, False)}
+
+
+def per_linear(layers: list[dict], quant: str | None, only: list[str]) -> None:
+    """µs a launch and weight GB/s of each linear alone, default tiles against DRY=1."""
+    H, I = 4096, 14336
+    _dispatch.PDL_DISABLED, _dispatch.GEMV_PDL_ENABLED = False, True
+    rows = []
+    for name in only:
+        key, norm_key, glu = LINEARS[name]
+        K = I if name == "down" else H
+        x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+        res = torch.randn_like(x) if norm_key else None
+        nbytes = sum(t.numel() * t.element_size() for L in layers for t in L[key] if t is not None)
+        variants = [("default", {"backend": "cuda"}), ("dry", {"backend": "cuda", "BULK": 1, "DRY": 1})]
+        if quant == "int8":  # the int8 product by widening and FFMA, as before dp4a
+            variants.insert(1, ("widen", {"backend": "cuda", "BULK": 1, "DP4A": 0}))
+        for label, c in variants:
+            def fn(h, r, c=c):
+                for L in layers:
+                    out, _ = gemv.fused_linear(h, *L[key], None, L[norm_key] if norm_key else None, r, 1e-5,
+                                               glu=glu, config=c)
+                return out
+            ms, _ = time_graph(fn, x, res)
+            rows.append((name, label, ms * 1e3 / len(layers), nbytes / ms / 1e6))
+            print(json.dumps({"linear": name, "variant": label, "quant": quant, "us": round(rows[-1][2], 2),
+                              "weight_GBps": round(rows[-1][3], 1)}), flush=True)
+    print(f"\n{torch.cuda.get_device_name()}: each linear alone, {len(layers)} launches on distinct weights, "
+          f"{quant or 'bf16'} weights, batch 1, GEMV PDL on (dry: consumers skip the product; widen: DP4A=0)")
+    print(f"{'linear':<6} {'variant':<8} {'us':>8} {'GB/s':>8}")
+    for name, label, us, gbps in rows:
+        print(f"{name:<6} {label:<8} {us:>8.2f} {gbps:>8.0f}")
+
+
 def sweep_configs(backend: str) -> list[tuple[dict, dict]]:
     """(tiles, gate/up tiles) of a backend: `shardline tune-gemm`'s GEMV candidates; the CUDA
     FFMA kernel's gate/up tiles keep half the chunks in flight per row (it streams two rows;
@@ -103,9 +144,13 @@ def main() -> None:
                     help="the sweep's kernel forms, comma-separated (CUDA C: ffma, mma, bulk_ffma, bulk_mma)")
     ap.add_argument("--sweep-gemv-pdl", choices=["off", "on", "both"], default="on",
                     help="the CUDA GEMV's own PDL in the sweep (default on)")
+    ap.add_argument("--per-linear", action="store_true", help="time each linear alone, and its stream alone")
+    ap.add_argument("--only", default="qkv,o,up,down", help="--per-linear's linears, comma-separated")
     args = ap.parse_args()
     scheme = f"{args.quant}-weight-only" if args.quant else "none"
     layers = make_layers(args.layers, scheme)
+    if args.per_linear:
+        return per_linear(layers, args.quant, args.only.split(","))
     nbytes = sum(t.numel() * t.element_size() for L in layers for k in ("qkv", "o", "up", "down")
                  for t in L[k] if t is not None)
     rows = []

@@ -356,6 +356,49 @@ __device__ __forceinline__ uint4 lds128(u32 addr) {
     return v;
 }
 
+// int8 weights by dp4a (XQ): a consumer holds each chunk of x as 16-bit fixed point under a
+// power-of-two scale (2^(E - 15), with every |x| < 2^E), split into a signed high byte and an
+// unsigned low byte, so that 8 dp4a give a row's exact integer dot product with the chunk: 11
+// instructions for 16 weights, where widening and FFMA take three a weight. Exact for a chunk
+// whose values span under 2^7 (x's dtype has 8 significant bits); otherwise each value is off by
+// at most half the unit, 2^(E - 16): under 2^-15 of the chunk's largest.
+#define XQ (DP4A && W_BYTES == 1 && !W_FP8 && !MMA)
+#if XQ
+__device__ __forceinline__ float to_fixed16(const float* f, u32* words) {
+    float m = 0.f;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) m = fmaxf(m, fabsf(f[e]));
+    const int E = max(-100, (int)((__float_as_uint(m) >> 23) & 0xff) - 126);  // m < 2^E
+    const float up = __uint_as_float((u32)(127 + 15 - E) << 23);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) words[i] = 0u;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+        const int q = min(32767, max(-32767, __float2int_rn(f[e] * up)));
+        words[e / 4] |= (u32)((q >> 8) & 0xff) << (8 * (e & 3));
+        words[4 + e / 4] |= (u32)(q & 0xff) << (8 * (e & 3));
+    }
+    return __uint_as_float((u32)(127 - 15 + E) << 23);
+}
+__device__ __forceinline__ int dp4a_ss(u32 a, u32 b, int c) {
+    int d; asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
+}
+__device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) {
+    int d; asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
+}
+// Sum over a 16-byte chunk of int8 weights w and x's fixed-point chunk: |sum| < 2^31.
+__device__ __forceinline__ int dot16_fixed(const uint4& w, const u32* xq) {
+    int hi = dp4a_ss(w.x, xq[0], 0);
+    hi = dp4a_ss(w.y, xq[1], hi);
+    hi = dp4a_ss(w.z, xq[2], hi);
+    hi = dp4a_ss(w.w, xq[3], hi);
+    int lo = dp4a_su(w.x, xq[4], hi << 8);
+    lo = dp4a_su(w.y, xq[5], lo);
+    lo = dp4a_su(w.z, xq[6], lo);
+    return dp4a_su(w.w, xq[7], lo);
+}
+#endif
+
 // Steps of a consumer warp's round: 32 chunks (FFMA), or 4 chunks of each of the 8 segments (MMA).
 __device__ __forceinline__ int round_steps(int chunks) {
 #if MMA
@@ -434,9 +477,12 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 #endif
 
     // h = x (+ residual) over this lane's chunks, kept as x's dtype (h is rounded to it), and its
-    // sum of squares: the consumers' chunks cover K once. Block 0 writes h out.
+    // sum of squares over the chunks this lane owns: the owners' chunks cover K once (with MMA,
+    // the lanes of one segment hold the same chunks, and the first SEGS groups own them). Block 0
+    // writes h out.
     u32 hp[CPL][EPC / 2];
     float sum_sq = 0.f;
+    const bool owner = !MMA || (lane >> 2) < SEGS;
 #pragma unroll
     for (int i = 0; i < CPL; ++i) {
         const int c = warp < WARPS ? lane_chunk(i, lane, warp, chunks) : -1;
@@ -446,11 +492,11 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
             if (c >= 0) {
                 const int q = c * (EPC / 8) + h8;
                 load_h(x, res, q, v);
-                if (HAS_RES && blockIdx.x == 0) res_out[q] = pack8(v);
+                if (HAS_RES && blockIdx.x == 0 && owner) res_out[q] = pack8(v);
             }
 #pragma unroll
             for (int e = 0; e < 8; e += 2) {
-                sum_sq = fmaf(v[e], v[e], fmaf(v[e + 1], v[e + 1], sum_sq));
+                if (owner) sum_sq = fmaf(v[e], v[e], fmaf(v[e + 1], v[e + 1], sum_sq));
                 hp[i][4 * h8 + e / 2] = (u32)f2x(v[e]) | ((u32)f2x(v[e + 1]) << 16);
             }
         }
@@ -506,12 +552,18 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
     // Consumers: x as the product reads it.
 #if MMA
     u32 (&xb)[CPL][EPC / 2] = hp;  // B pairs, in place of h: round(h * rstd) * norm weight, in the MMA's type
+#elif XQ
+    u32 xq[CPL][8];  // x's chunk in 16-bit fixed point: 4 words of high bytes (signed), 4 of low
+    float xs[CPL];   // and the chunk's scale, a power of two
 #else
     float xr[CPL][EPC];    // h * norm weight, fp32 (rstd goes on the sum)
 #endif
 #pragma unroll
     for (int i = 0; i < CPL; ++i) {
         const int c = lane_chunk(i, lane, warp, chunks);
+#if XQ
+        float xf[EPC];
+#endif
 #pragma unroll
         for (int h8 = 0; h8 < EPC / 8; ++h8) {
             float g[8] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f};
@@ -523,12 +575,18 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 #if MMA
                 if (NORM) { v0 = round_x(v0 * rstd) * g[e]; v1 = round_x(v1 * rstd) * g[e + 1]; }
                 xb[i][4 * h8 + e / 2] = to_mma_pair(v0, v1);
+#elif XQ
+                xf[8 * h8 + e] = v0 * g[e];
+                xf[8 * h8 + e + 1] = v1 * g[e + 1];
 #else
                 xr[i][8 * h8 + e] = v0 * g[e];
                 xr[i][8 * h8 + e + 1] = v1 * g[e + 1];
 #endif
             }
         }
+#if XQ
+        xs[i] = to_fixed16(xf, xq[i]);
+#endif
     }
 
     for (int i = 0; i < count; ++i) {
@@ -536,7 +594,9 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
         const u32 parity = (i / STAGES) & 1;
         mbar_wait(&full[s], parity);
         const u32 st = stage0 + s * stage_bytes;
-#if MMA
+#if DRY
+        (void)st;
+#elif MMA
         float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int j = 0; j < CPL; ++j) {
@@ -578,9 +638,14 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 #pragma unroll
             for (int r = 0; r < NR; ++r) wv[r] = lds128(base + r * row_bytes + 16 * 32 * WARPS * j);
 #pragma unroll
-            for (int r = 0; r < NR; ++r)
+            for (int r = 0; r < NR; ++r) {
+#if XQ
+                acc[r] = fmaf((float)dot16_fixed(wv[r], xq[j]), xs[j], acc[r]);
+#else
 #pragma unroll
                 for (int e = 0; e < EPC; ++e) acc[r] = fmaf(widen(wv[r], e), xr[j][e], acc[r]);
+#endif
+            }
         }
         // Sum over the lanes, transposing: each step halves the rows a lane carries and doubles
         // the lanes a row's sum covers (NR_POW2 - 1 shuffles), then plain steps finish the rows.
@@ -746,9 +811,9 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 FFMA_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0)
 FFMA_GLU_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=2, BLOCKS=0)
 # The bulk-copy form (BULK=1): consumer warps, ROWS and STAGES (0: worked out per K, bulk_tiles),
-# blocks per multiprocessor. The default, with PDL: fastest in the batch-1 stack sweep
-# (`python benchmarks/gemv_bench.py --sweep --sweep-gemv-pdl`, docs/benchmarks.md).
-BULK_CONFIG = dict(BULK=1, WARPS=8, ROWS=0, STAGES=0, BLOCKS=2)
+# blocks per multiprocessor, and DP4A (int8 weights multiplied by dp4a). The default, with PDL:
+# fastest in the batch-1 stack sweep (`python benchmarks/gemv_bench.py --sweep`, docs/benchmarks.md).
+BULK_CONFIG = dict(BULK=1, WARPS=8, ROWS=0, STAGES=0, BLOCKS=2, DP4A=1)
 DEFAULT_CONFIG = BULK_CONFIG
 
 
@@ -784,10 +849,14 @@ def fits(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias
 
 def defines(*, x_fp16: bool, w_bytes: int, fp8: bool, norm: bool, res: bool, glu: bool,
             scale: bool, bias: bool, pdl: bool, WARPS: int, UNROLL: int = 1, ROWS: int = 1, PIPE: int = 0,
-            MMA: int = 0, BULK: int = 0, STAGES: int = 0, CPL: int = 0, **launch) -> str:
+            MMA: int = 0, BULK: int = 0, STAGES: int = 0, CPL: int = 0, DP4A: int = 0, DRY: int = 0,
+            **launch) -> str:
+    """The variant's #defines. DP4A=1 has the bulk FFMA form multiply int8 weights by dp4a (its
+    default; no effect on other weights or forms). DRY=1 (bulk form, a measuring knob: the output is wrong) has the
+    consumers release each stage without reading it, so a launch times the weight stream alone."""
     flags = dict(X_FP16=x_fp16, W_BYTES=w_bytes, W_FP8=fp8, NORM=norm, HAS_RES=res, GLU=glu,
                  HAS_SCALE=scale, HAS_BIAS=bias, USE_PDL=pdl, WARPS=WARPS, ROWS=ROWS, UNROLL=UNROLL, PIPE=PIPE,
-                 MMA=MMA, BULK=BULK, STAGES=STAGES, CPL=CPL)
+                 MMA=MMA, BULK=BULK, STAGES=STAGES, CPL=CPL, DP4A=DP4A, DRY=DRY)
     return "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
 
 
