@@ -4,7 +4,7 @@ the fused GEMV (kernels/gemv.py) in its Triton and CUDA C forms, with and withou
 dependent launch.
 
     python benchmarks/gemv_bench.py [--layers 32] [--quant int8|fp8] [--sweep]
-    python benchmarks/gemv_bench.py --per-linear [--quant int8] [--only down]
+    python benchmarks/gemv_bench.py --per-linear [--quant int8] [--only down] [--trace] [--tiles '{"PRE": 1}']
 
 The fixed rows: unfused, the Triton GEMV, the CUDA GEMV's FFMA form, and the CUDA GEMV as the
 engine runs it by default (the bulk-copy form), each with PDL off and on. --sweep also times
@@ -75,20 +75,24 @@ LINEARS = {  # name: (weight key, norm key, glu): how the engine calls each line
     "qkv": ("qkv", "n1", False), "o": ("o", None, False), "up": ("up", "n2", True), "down": ("down", None, False)}
 
 
-def per_linear(layers: list[dict], quant: str | None, only: list[str]) -> None:
-    """µs a launch and weight GB/s of each linear alone, default tiles against DRY=1."""
+def per_linear(layers: list[dict], quant: str | None, only: list[str], trace: bool = False,
+               tiles: dict | None = None) -> None:
+    """µs a launch and weight GB/s of each linear alone, default tiles against DRY=1; with `trace`,
+    the block timelines of each linear's last launch (TRACE=1)."""
     H, I = 4096, 14336
     _dispatch.PDL_DISABLED, _dispatch.GEMV_PDL_ENABLED = False, True
-    rows = []
+    rows, timelines = [], []
     for name in only:
         key, norm_key, glu = LINEARS[name]
         K = I if name == "down" else H
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
         res = torch.randn_like(x) if norm_key else None
         nbytes = sum(t.numel() * t.element_size() for L in layers for t in L[key] if t is not None)
-        variants = [("default", {"backend": "cuda"}), ("dry", {"backend": "cuda", "BULK": 1, "DRY": 1})]
+        base = {"backend": "cuda", "BULK": 1, **(tiles or {})}
+        variants = [("default", base if tiles else {"backend": "cuda"}),
+                    ("dry", dict(base, DRY=1))]
         if quant == "int8":  # the int8 product by widening and FFMA, as before dp4a
-            variants.insert(1, ("widen", {"backend": "cuda", "BULK": 1, "DP4A": 0}))
+            variants.insert(1, ("widen", dict(base, DP4A=0)))
         for label, c in variants:
             def fn(h, r, c=c):
                 for L in layers:
@@ -99,11 +103,38 @@ def per_linear(layers: list[dict], quant: str | None, only: list[str]) -> None:
             rows.append((name, label, ms * 1e3 / len(layers), nbytes / ms / 1e6))
             print(json.dumps({"linear": name, "variant": label, "quant": quant, "us": round(rows[-1][2], 2),
                               "weight_GBps": round(rows[-1][3], 1)}), flush=True)
+        if trace:  # the last launch of a replay, in its place in the stream of launches
+            c = dict(base, TRACE=1)
+            time_graph(lambda h, r: [gemv.fused_linear(h, *L[key], None, L[norm_key] if norm_key else None, r,
+                                                       1e-5, glu=glu, config=c) for L in layers][-1][0], x, res)
+            L = layers[-1]
+            timelines.append((name, cuda_gemv.trace_of(x, L[key][0], L[key][1], None, L[norm_key] if norm_key else None,
+                                                       res, glu, c)))
     print(f"\n{torch.cuda.get_device_name()}: each linear alone, {len(layers)} launches on distinct weights, "
           f"{quant or 'bf16'} weights, batch 1, GEMV PDL on (dry: consumers skip the product; widen: DP4A=0)")
     print(f"{'linear':<6} {'variant':<8} {'us':>8} {'GB/s':>8}")
     for name, label, us, gbps in rows:
         print(f"{name:<6} {label:<8} {us:>8.2f} {gbps:>8.0f}")
+    if timelines:
+        print_timelines(timelines)
+
+
+TRACE_PHASES = ("wait for the kernel before", "x and norm", "first stage in", "last stage in",
+                "last stage done", "producer done")
+
+
+def print_timelines(timelines: list[tuple[str, torch.Tensor]]) -> None:
+    """Each linear's block timelines (the kernel's TRACE stamps): µs from the block's start to each
+    point, median and latest over the blocks, and the spread of the blocks' starts and ends."""
+    print("\nblock timelines, us from each block's start: median / latest over the blocks")
+    print(f"{'linear':<6} {'starts':>7} {'ends':>6} " + " ".join(f"{p:>16}" for p in TRACE_PHASES))
+    for name, t in timelines:
+        t = t.double().cpu()
+        ghz = ((t[:, 7] - t[:, 1]) / (t[:, 8] - t[:, 0]).clamp(min=1)).median()  # clocks a ns
+        us = (t[:, 2:8] - t[:, 1:2]) / ghz / 1e3  # from entry: wait, x, first in, last in, last done, end
+        starts, ends = (t[:, 0].max() - t[:, 0].min()) / 1e3, (t[:, 8].max() - t[:, 8].min()) / 1e3
+        cols = [f"{us[:, i].median():.2f} / {us[:, i].max():.2f}".rjust(16) for i in range(6)]
+        print(f"{name:<6} {starts:>7.2f} {ends:>6.2f} " + " ".join(cols) + f"   ({ghz:.2f} GHz)")
 
 
 def sweep_configs(backend: str) -> list[tuple[dict, dict]]:
@@ -146,11 +177,13 @@ def main() -> None:
                     help="the CUDA GEMV's own PDL in the sweep (default on)")
     ap.add_argument("--per-linear", action="store_true", help="time each linear alone, and its stream alone")
     ap.add_argument("--only", default="qkv,o,up,down", help="--per-linear's linears, comma-separated")
+    ap.add_argument("--trace", action="store_true", help="--per-linear: also the blocks' timelines (TRACE=1)")
+    ap.add_argument("--tiles", type=json.loads, help='--per-linear: tiles in place of the default, e.g. \'{"PRE": 1}\'')
     args = ap.parse_args()
     scheme = f"{args.quant}-weight-only" if args.quant else "none"
     layers = make_layers(args.layers, scheme)
     if args.per_linear:
-        return per_linear(layers, args.quant, args.only.split(","))
+        return per_linear(layers, args.quant, args.only.split(","), args.trace, args.tiles)
     nbytes = sum(t.numel() * t.element_size() for L in layers for k in ("qkv", "o", "up", "down")
                  for t in L[k] if t is not None)
     rows = []

@@ -343,6 +343,22 @@ __device__ __forceinline__ void mma_16816(float* d, u32 a0, u32 a1, u32 a2, u32 
 typedef unsigned long long u64;
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+#if TRACE
+// A measuring knob: each block's timeline, TRACE_SLOTS stamps a block (`trace_of` reads them):
+// 0 global time at entry (ns), then its multiprocessor's clock at 1 entry, 2 past the wait for
+// the kernel before, 3 the consumers' first stage wait, 4 the first stage in, 5 the last stage
+// in, 6 the last stage done (consumer warp 0), 7 the producer's end, and 8 global time there.
+#define TRACE_SLOTS 9
+__device__ unsigned long long gemv_trace[4096 * TRACE_SLOTS];
+__device__ __forceinline__ void stamp(int slot) {
+    unsigned long long t;
+    if (slot == 0 || slot == 8) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    else asm volatile("mov.u64 %0, %%clock64;" : "=l"(t));
+    if (blockIdx.x < 4096) gemv_trace[blockIdx.x * TRACE_SLOTS + slot] = t;
+}
+#else
+__device__ __forceinline__ void stamp(int) {}
+#endif
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
     u32 done;
     do {
@@ -370,13 +386,17 @@ __device__ __forceinline__ float to_fixed16(const float* f, u32* words) {
     for (int e = 0; e < 16; ++e) m = fmaxf(m, fabsf(f[e]));
     const int E = max(-100, (int)((__float_as_uint(m) >> 23) & 0xff) - 126);  // m < 2^E
     const float up = __uint_as_float((u32)(127 + 15 - E) << 23);
+    u32 q[16];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) words[i] = 0u;
+    for (int e = 0; e < 16; ++e) {  // round(f * up): 1.5 * 2^23 + v holds v's nearest integer (|v| < 2^22)
+        const int v = (int)__float_as_uint(fmaf(f[e], up, 12582912.f)) - 0x4B400000;
+        q[e] = (u32)min(32767, max(-32767, v));  // where f * up rounds up to 2^15
+    }
 #pragma unroll
-    for (int e = 0; e < 16; ++e) {
-        const int q = min(32767, max(-32767, __float2int_rn(f[e] * up)));
-        words[e / 4] |= (u32)((q >> 8) & 0xff) << (8 * (e & 3));
-        words[4 + e / 4] |= (u32)(q & 0xff) << (8 * (e & 3));
+    for (int i = 0; i < 4; ++i) {  // bytes 1 (high) and 0 (low) of 4 values into a word each
+        const u32 t01 = __byte_perm(q[4 * i], q[4 * i + 1], 0x5140), t23 = __byte_perm(q[4 * i + 2], q[4 * i + 3], 0x5140);
+        words[i] = __byte_perm(t01, t23, 0x7632);
+        words[4 + i] = __byte_perm(t01, t23, 0x5410);
     }
     return __uint_as_float((u32)(127 - 15 + E) << 23);
 }
@@ -467,14 +487,40 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
                          "l"(policy) : "memory");
         }
     };
-    if (warp == WARPS && lane == 0) {  // independent of the kernel before: streams before the wait
+    // Before the wait for the kernel before, what does not depend on it: the producer streams the
+    // first PRE stages, the consumers load the block's row scales and biases (gate then up with
+    // GLU) into shared memory, for the producer's epilogue, and their chunks of the norm weight.
+    // x is loaded after the wait, behind only those stages: a load waits behind the weight bytes
+    // already in flight to its multiprocessor (the H200 block timelines in docs/benchmarks.md),
+    // so the rest of the ring is issued once x is in.
+    if (warp == WARPS && lane == 0) {
+        stamp(0), stamp(1);
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-        for (int i = 0; i < min(STAGES, count); ++i) issue(i);
+        for (int i = 0; i < min(PRE, count); ++i) issue(i);
+    }
+    const int n_lo = g_lo * ROWS, n_rows = min(count * ROWS, N - n_lo);
+    u16* const row_params = reinterpret_cast<u16*>(stages + STAGES * stage_bytes);  // [scale | bias][GLU][n_rows]
+    const int params_stride = (GLU ? 2 : 1) * n_rows;
+    if ((HAS_SCALE || HAS_BIAS) && warp < WARPS) {
+        for (int j = threadIdx.x; j < params_stride; j += WARPS * 32) {
+            const int n = j < n_rows ? n_lo + j : N + n_lo + (j - n_rows);
+            if (HAS_SCALE) row_params[j] = scale[n];
+            if (HAS_BIAS) row_params[(HAS_SCALE ? params_stride : 0) + j] = bias[n];
+        }
+    }
+    uint4 gw[CPL][EPC / 8];  // the norm weight over this lane's chunks
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+        const int c = warp < WARPS ? lane_chunk(i, lane, warp, chunks) : -1;
+#pragma unroll
+        for (int h8 = 0; h8 < EPC / 8; ++h8)
+            gw[i][h8] = NORM && c >= 0 ? norm_w[c * (EPC / 8) + h8] : make_uint4(0, 0, 0, 0);
     }
 #if USE_PDL
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
+    if (threadIdx.x == 0) stamp(2);
 
     // h = x (+ residual) over this lane's chunks, kept as x's dtype (h is rounded to it), and its
     // sum of squares over the chunks this lane owns: the owners' chunks cover K once (with MMA,
@@ -501,18 +547,6 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
             }
         }
     }
-    // The block's row scales and biases (gate then up with GLU) into shared memory, so that the
-    // producer's epilogue never waits on a global load between refills.
-    const int n_lo = g_lo * ROWS, n_rows = min(count * ROWS, N - n_lo);
-    u16* const row_params = reinterpret_cast<u16*>(stages + STAGES * stage_bytes);  // [scale | bias][GLU][n_rows]
-    const int params_stride = (GLU ? 2 : 1) * n_rows;
-    if (HAS_SCALE || HAS_BIAS) {
-        for (int j = threadIdx.x; j < params_stride; j += (WARPS + 1) * 32) {
-            const int n = j < n_rows ? n_lo + j : N + n_lo + (j - n_rows);
-            if (HAS_SCALE) row_params[j] = scale[n];
-            if (HAS_BIAS) row_params[(HAS_SCALE ? params_stride : 0) + j] = bias[n];
-        }
-    }
     float rstd = 1.f;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, off);
@@ -526,7 +560,10 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
     }
 
     if (warp == WARPS) {
-        // Producer: refill each stage as soon as the warps are done with it, then finish its rows.
+        // Producer: the rest of the ring, now that x is in; then refill each stage as soon as the
+        // warps are done with it, and finish its rows.
+        if (lane == 0)
+            for (int i = PRE; i < min(STAGES, count); ++i) issue(i);
         const float post = MMA ? 1.f : rstd;  // the MMA's x is normed already
         for (int i = 0; i < count; ++i) {
             const int s = i % STAGES;
@@ -546,6 +583,7 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
                                        j, n_rows + j);
             }
         }
+        if (lane == 0) stamp(7), stamp(8);
         return;
     }
 
@@ -567,7 +605,7 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 #pragma unroll
         for (int h8 = 0; h8 < EPC / 8; ++h8) {
             float g[8] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f};
-            if (NORM && c >= 0) unpack8(norm_w[c * (EPC / 8) + h8], g);
+            if (NORM && c >= 0) unpack8(gw[i][h8], g);
 #pragma unroll
             for (int e = 0; e < 8; e += 2) {
                 const u32 pair = hp[i][4 * h8 + e / 2];
@@ -589,10 +627,12 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 #endif
     }
 
+    if (threadIdx.x == 0) stamp(3);
     for (int i = 0; i < count; ++i) {
         const int s = i % STAGES;
         const u32 parity = (i / STAGES) & 1;
         mbar_wait(&full[s], parity);
+        if (threadIdx.x == 0 && (i == 0 || i == count - 1)) stamp(i == 0 ? 4 : 5);
         const u32 st = stage0 + s * stage_bytes;
 #if DRY
         (void)st;
@@ -672,6 +712,7 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_u32(&empty[s])) : "memory");
         }
     }
+    if (threadIdx.x == 0) stamp(6);
 }
 #endif  // BULK
 #if MMA && !BULK
@@ -811,9 +852,10 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 FFMA_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0)
 FFMA_GLU_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=2, BLOCKS=0)
 # The bulk-copy form (BULK=1): consumer warps, ROWS and STAGES (0: worked out per K, bulk_tiles),
-# blocks per multiprocessor, and DP4A (int8 weights multiplied by dp4a). The default, with PDL:
-# fastest in the batch-1 stack sweep (`python benchmarks/gemv_bench.py --sweep`, docs/benchmarks.md).
-BULK_CONFIG = dict(BULK=1, WARPS=8, ROWS=0, STAGES=0, BLOCKS=2, DP4A=1)
+# blocks per multiprocessor, PRE (stages streamed before the wait for the kernel before; the rest
+# once x is in) and DP4A (int8 weights multiplied by dp4a). The default, with PDL: fastest in the
+# batch-1 stack sweeps, bf16 and int8 (`python benchmarks/gemv_bench.py --sweep`, docs/benchmarks.md).
+BULK_CONFIG = dict(BULK=1, WARPS=8, ROWS=0, STAGES=0, BLOCKS=2, PRE=2, DP4A=1)
 DEFAULT_CONFIG = BULK_CONFIG
 
 
@@ -849,14 +891,16 @@ def fits(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias
 
 def defines(*, x_fp16: bool, w_bytes: int, fp8: bool, norm: bool, res: bool, glu: bool,
             scale: bool, bias: bool, pdl: bool, WARPS: int, UNROLL: int = 1, ROWS: int = 1, PIPE: int = 0,
-            MMA: int = 0, BULK: int = 0, STAGES: int = 0, CPL: int = 0, DP4A: int = 0, DRY: int = 0,
-            **launch) -> str:
+            MMA: int = 0, BULK: int = 0, STAGES: int = 0, PRE: int = 0, CPL: int = 0, DP4A: int = 0,
+            DRY: int = 0, TRACE: int = 0, **launch) -> str:
     """The variant's #defines. DP4A=1 has the bulk FFMA form multiply int8 weights by dp4a (its
     default; no effect on other weights or forms). DRY=1 (bulk form, a measuring knob: the output is wrong) has the
-    consumers release each stage without reading it, so a launch times the weight stream alone."""
+    consumers release each stage without reading it, so a launch times the weight stream alone;
+    TRACE=1 (bulk form, measuring) has each block stamp its timeline (`trace_of`)."""
     flags = dict(X_FP16=x_fp16, W_BYTES=w_bytes, W_FP8=fp8, NORM=norm, HAS_RES=res, GLU=glu,
                  HAS_SCALE=scale, HAS_BIAS=bias, USE_PDL=pdl, WARPS=WARPS, ROWS=ROWS, UNROLL=UNROLL, PIPE=PIPE,
-                 MMA=MMA, BULK=BULK, STAGES=STAGES, CPL=CPL, DP4A=DP4A, DRY=DRY)
+                 MMA=MMA, BULK=BULK, STAGES=STAGES, PRE=PRE, CPL=CPL, DP4A=DP4A,
+                 DRY=DRY, TRACE=TRACE)
     return "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
 
 
@@ -883,6 +927,7 @@ def bulk_tiles(K: int, w_bytes: int, glu: bool, tiles: dict) -> dict:
     stage = t["ROWS"] * row_bytes
     t["STAGES"] = t.get("STAGES") or max(2, min(12, ring_target // stage))
     t["BLOCKS"] = t.get("BLOCKS") or 1
+    t["PRE"] = min(t.get("PRE") or t["STAGES"], t["STAGES"])
     chunks = K * w_bytes // 16
     if t.get("MMA"):  # 4 chunks of each of the 16 / (stage rows) segments a warp step
         rows = t["ROWS"] * (2 if glu else 1)
@@ -907,6 +952,23 @@ def _function(source_defines: str, device_index: int) -> int:
     """The compiled variant, allowed MAX_DYNAMIC_SHARED bytes: staging x of MAX_K columns, or the
     bulk form's ring and row parameters."""
     return cuda_runtime.load_function(source_defines + SOURCE, "gemv", device_index, MAX_DYNAMIC_SHARED)
+
+
+def trace_of(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
+             norm_weight: torch.Tensor | None, residual: torch.Tensor | None, glu: bool, config: dict) -> torch.Tensor:
+    """The block timelines (int64 [blocks, 9], see the kernel's TRACE) that the last launch of these
+    operands with `config` (TRACE=1) left."""
+    K, N = x.shape[1], weight.shape[0] // (2 if glu else 1)
+    tiles, (grid, _, _) = launch_plan(config, N, K, weight.element_size(), glu, hopper_or_later(x), sm_count(x),
+                                      scale is not None, bias is not None)
+    src = defines(x_fp16=x.dtype == torch.float16, w_bytes=weight.element_size(),
+                  fp8=weight.dtype == torch.float8_e4m3fn, norm=norm_weight is not None, res=residual is not None,
+                  glu=glu, scale=scale is not None, bias=bias is not None,
+                  pdl=use_gemv_pdl(x, bool(tiles.get("BULK"))), **tiles)
+    import cupy
+    pointer = cuda_runtime.load_module(src + SOURCE, x.device.index or 0).get_global("gemv_trace")
+    stamps = cupy.ndarray((grid, 9), dtype=cupy.int64, memptr=pointer)
+    return torch.as_tensor(stamps, device=x.device).clone()
 
 
 def _aligned(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -61,12 +61,22 @@ _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_
 
 
 @functools.cache
-def load_function(source: str, name: str, device_index: int, max_dynamic_shared: int = 0) -> int:
-    """The CUfunction `name` of `source` compiled for `device_index` (CuPy, cached per process and
-    on disk), allowed `max_dynamic_shared` bytes of dynamic shared memory."""
+def load_module(source: str, device_index: int):
+    """`source` compiled for `device_index`: a cupy.RawModule (cached per process and on disk)."""
     import cupy
     with cupy.cuda.Device(device_index):
-        kernel = cupy.RawModule(code=source, options=("-std=c++17",)).get_function(name)
+        module = cupy.RawModule(code=source, options=("-std=c++17",))
+        module.compile()
+    return module
+
+
+@functools.cache
+def load_function(source: str, name: str, device_index: int, max_dynamic_shared: int = 0) -> int:
+    """The CUfunction `name` of `source` compiled for `device_index` (`load_module`), allowed
+    `max_dynamic_shared` bytes of dynamic shared memory."""
+    import cupy
+    with cupy.cuda.Device(device_index):
+        kernel = load_module(source, device_index).get_function(name)
         function = getattr(kernel, "kernel", kernel).ptr  # CuPy 14 hands out a RawKernel around it
     if max_dynamic_shared:
         _check(_driver().cuFuncSetAttribute(ctypes.c_void_p(function), _MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -90,11 +90,24 @@ def test_the_bulk_copy_form_compiles(weights, fusion, mma):
 @needs_nvrtc
 def test_bulk_pdl_variant_streams_before_the_wait():
     tiles = cuda_gemv.bulk_tiles(4096, 2, False, cuda_gemv.BULK_CONFIG)
-    ptx = _ptx("bf16", "norm_res", pdl=True, tiles=tiles)
+    ptx = _ptx("bf16", "plain", pdl=True, tiles=tiles)
     wait = ptx.index("griddepcontrol.wait")
     assert ptx.index("cp.async.bulk") < wait, "the first stages stream before the wait"
     x_loads = [m.start() for m in re.finditer(r"ld\.global\.nc\.v4", ptx)]
     assert x_loads and min(x_loads) > wait, "x is read only after the kernel before has finished"
+    ptx = _ptx("bf16", "norm_res", pdl=True, tiles=tiles)  # the norm weight, a constant, is read before
+    wait = ptx.index("griddepcontrol.wait")
+    loads = [m.start() for m in re.finditer(r"ld\.global\.nc\.v4", ptx)]
+    assert min(loads) < wait < max(loads)
+
+
+def test_bulk_pre_stages_stream_before_the_wait_and_the_rest_after():
+    tiles = cuda_gemv.bulk_tiles(4096, 2, False, dict(cuda_gemv.BULK_CONFIG, PRE=1))
+    assert (tiles["STAGES"], tiles["PRE"]) == (3, 1)
+    assert cuda_gemv.bulk_tiles(4096, 2, False, dict(cuda_gemv.BULK_CONFIG, PRE=9))["PRE"] == 3
+    ptx = _ptx("bf16", "plain", pdl=True, tiles=tiles)
+    wait, copies = ptx.index("griddepcontrol.wait"), [m.start() for m in re.finditer(r"cp\.async\.bulk", ptx)]
+    assert min(copies) < wait < max(copies)
 
 
 def test_bulk_tiles_fit_the_ring():
@@ -196,3 +209,14 @@ def test_gemv_pdl_is_per_form_unless_the_environment_says(monkeypatch):
     monkeypatch.setattr(_dispatch, "use_pdl", lambda x: False)
     monkeypatch.setattr(_dispatch, "GEMV_PDL_ENABLED", True)
     assert not _dispatch.use_gemv_pdl(x, True), "no PDL where the GPU cannot"
+
+
+@pytest.mark.parametrize("w_bytes", [1, 2])
+def test_the_measuring_knobs_compile(w_bytes):
+    """DRY=1 reads no stage (no shared-memory loads of weights); TRACE=1 declares the stamps' buffer."""
+    tiles = cuda_gemv.bulk_tiles(4096, w_bytes, False, cuda_gemv.BULK_CONFIG)
+    flags = dict(x_fp16=False, w_bytes=w_bytes, fp8=False, norm=True, res=True, glu=False, scale=w_bytes == 1,
+                 bias=False, pdl=True)
+    assert "ld.shared.v4" in cuda_gemv.compile_ptx(cuda_gemv.defines(**flags, **tiles))
+    assert "ld.shared.v4" not in cuda_gemv.compile_ptx(cuda_gemv.defines(**flags, **dict(tiles, DRY=1)))
+    assert "gemv_trace" in cuda_gemv.compile_ptx(cuda_gemv.defines(**flags, **dict(tiles, TRACE=1)))

@@ -15,7 +15,8 @@ def to_fixed16(f: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     m = np.float32(np.abs(f).max())
     E = max(-100, int((m.view(np.uint32) >> 23) & 0xFF) - 126)  # m < 2^E
     up = np.uint32((127 + 15 - E) << 23).view(np.float32)
-    q = np.clip(np.rint(f.astype(np.float32) * up), -32767, 32767).astype(np.int32)  # rint: round half even
+    v = (f.astype(np.float32) * up + np.float32(12582912.0)).view(np.int32) - 0x4B400000  # up is a power of two
+    q = np.clip(v, -32767, 32767)
     return (q >> 8).astype(np.int8), (q & 0xFF).astype(np.uint8), float(np.uint32((127 - 15 + E) << 23).view(np.float32))
 
 
