@@ -2,6 +2,7 @@
 
     python -m benchmarks.profile_decode --batch 1 [--quant int8]    # GPU kernels of one eager step
     python -m benchmarks.profile_decode --batch 256 --generate      # host + device of whole steps
+    python -m benchmarks.profile_decode --batch 64 --gemm-config benchmarks/results/gemm-h200-decode.json
 
 The first mode runs a decode step (context 256) eagerly under torch.profiler after warm-up and
 prints the kernels by CUDA time. The second profiles `LocalPipeline.generate` as the benchmark
@@ -16,6 +17,7 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks import decode_bench
 from benchmarks.decode_bench import build
 from shardline.sampling import SamplingParams
 from shardline.stage_worker.batch import SequenceChunk, StageBatch
@@ -49,7 +51,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=18)
     ap.add_argument("--generate", action="store_true", help="profile whole generate() steps, host included")
     ap.add_argument("--trace", default="decode_trace.json")
+    ap.add_argument("--gemm-config", help="use `shardline tune-gemm` choices, as decode_bench.py does")
     args = ap.parse_args()
+    decode_bench.GEMM_CONFIG = args.gemm_config
     pipeline = build("llama3-8b", quantization=f"{args.quant}-weight-only" if args.quant else "none",
                      max_num_seqs=max(args.batch, 16))
     if args.generate:
