@@ -8,8 +8,10 @@ kernels. Three forms of one kernel, picked by the tiles (`resolve_tiles`):
 - BULK (the default): a persistent grid whose producer warp streams each block's rows into a
   ring of shared-memory stages with `cp.async.bulk`, and whose consumer warps hold their slice
   of x in registers; launched with programmatic dependent launch, the next GEMV fills its ring
-  while this one drains. Its consumers multiply with FFMA, or with tensor cores (BULK and MMA).
-  Measured on the H200 (docs/benchmarks.md): the batch-1 stack at 4.3 TB/s against 3.7 for FFMA.
+  while this one drains; x is loaded after all but the first PRE stages are issued, so it does
+  not queue behind the whole ring. Its consumers multiply with FFMA (int8 weights with dp4a), or
+  with tensor cores (BULK and MMA). Measured on the H200 (docs/benchmarks.md): the batch-1 stack
+  at 4.4 TB/s in bf16 and 4.1 in int8, against 3.7 and 3.1 for the FFMA form.
 - FFMA: one warp owns ROWS output rows (both the gate and the up row with GLU) and walks K in
   16-byte loads that bypass L1 (`ld.global.nc.L1::no_allocate`), UNROLL chunks per row in
   flight, x staged once per block in shared memory as fp32; BLOCKS > 0 makes the grid persistent.
@@ -21,7 +23,8 @@ Programmatic dependent launch (Hopper): each form loads its first weights before
 the launch attribute, so the launch goes through the driver's `cuLaunchKernelEx` (cuda_runtime.py).
 
 Widening: int8 by the float trick (0x4B000000 | (q + 128) is 2^23 + 128 + q as fp32), fp8 e4m3 by
-the hardware pair conversion to fp16. Rounding follows triton_gemv.py (and so the unfused path):
+the hardware pair conversion to fp16; the bulk form's int8 default skips it (dp4a on x as 16-bit
+fixed point, `to_fixed16`). Rounding follows triton_gemv.py (and so the unfused path):
 x + residual is rounded to x's dtype, the normed input stays fp32, the gate, silu and up values
 are rounded where the unfused kernels round them.
 """
@@ -324,7 +327,7 @@ __device__ __forceinline__ void mma_16816(float* d, u32 a0, u32 a1, u32 a2, u32 
 // The consumers' product, by MMA:
 //   0 (FFMA): lane l of warp v owns chunks l + 32 (v + WARPS i), i < CPL, with x in fp32 after
 //     the norm weight (rstd is applied to the sum); per stage, CPL shared loads and EPC FMAs per
-//     row, then a reduction over the lanes.
+//     row (int8 with DP4A: 8 dp4a, a conversion and one FMA), then a reduction over the lanes.
 //   1 (tensor cores): the stage's rows (MMA_ROWS: NR rounded up to a power of two, at least 2)
 //     times SEGS = 16 / MMA_ROWS segments of K are the 16 rows of the mma.m16n8k16 A operand:
 //     A row m is stage row m / SEGS over segment m % SEGS, so lane (g, t) = (lane / 4, lane % 4)
