@@ -93,23 +93,24 @@ def per_linear(layers: list[dict], quant: str | None, only: list[str], trace: bo
                     ("dry", dict(base, DRY=1))]
         if quant == "int8":  # the int8 product by widening and FFMA, as before dp4a
             variants.insert(1, ("widen", dict(base, DP4A=0)))
-        for label, c in variants:
-            def fn(h, r, c=c):
+        norm_w = (lambda L: L[norm_key]) if norm_key else (lambda L: None)
+
+        def launches(c: dict):  # the linear of every layer, one launch each, on x
+            def fn(h, r):
                 for L in layers:
-                    out, _ = gemv.fused_linear(h, *L[key], None, L[norm_key] if norm_key else None, r, 1e-5,
-                                               glu=glu, config=c)
+                    out, _ = gemv.fused_linear(h, *L[key], None, norm_w(L), r, 1e-5, glu=glu, config=c)
                 return out
-            ms, _ = time_graph(fn, x, res)
+            return fn
+        for label, c in variants:
+            ms, _ = time_graph(launches(c), x, res)
             rows.append((name, label, ms * 1e3 / len(layers), nbytes / ms / 1e6))
             print(json.dumps({"linear": name, "variant": label, "quant": quant, "us": round(rows[-1][2], 2),
                               "weight_GBps": round(rows[-1][3], 1)}), flush=True)
         if trace:  # the last launch of a replay, in its place in the stream of launches
             c = dict(base, TRACE=1)
-            time_graph(lambda h, r: [gemv.fused_linear(h, *L[key], None, L[norm_key] if norm_key else None, r,
-                                                       1e-5, glu=glu, config=c) for L in layers][-1][0], x, res)
+            time_graph(launches(c), x, res)
             L = layers[-1]
-            timelines.append((name, cuda_gemv.trace_of(x, L[key][0], L[key][1], None, L[norm_key] if norm_key else None,
-                                                       res, glu, c)))
+            timelines.append((name, cuda_gemv.trace_of(x, *L[key], None, norm_w(L), res, glu, c)))
     print(f"\n{torch.cuda.get_device_name()}: each linear alone, {len(layers)} launches on distinct weights, "
           f"{quant or 'bf16'} weights, batch 1, GEMV PDL on (dry: consumers skip the product; widen: DP4A=0)")
     print(f"{'linear':<6} {'variant':<8} {'us':>8} {'GB/s':>8}")

@@ -415,14 +415,14 @@ __device__ __forceinline__ int dot16_fixed(const uint4& w, const u32* xq) {
     hi = dp4a_ss(w.y, xq[1], hi);
     hi = dp4a_ss(w.z, xq[2], hi);
     hi = dp4a_ss(w.w, xq[3], hi);
-    int lo = dp4a_su(w.x, xq[4], hi << 8);
+    int lo = dp4a_su(w.x, xq[4], hi * 256);
     lo = dp4a_su(w.y, xq[5], lo);
     lo = dp4a_su(w.z, xq[6], lo);
     return dp4a_su(w.w, xq[7], lo);
 }
 #endif
 
-// Steps of a consumer warp's round: 32 chunks (FFMA), or 4 chunks of each of the 8 segments (MMA).
+// Steps of a consumer warp's round: 32 chunks (FFMA), or 4 chunks of each of the SEGS segments (MMA).
 __device__ __forceinline__ int round_steps(int chunks) {
 #if MMA
     return ((chunks + SEGS - 1) / SEGS + 3) / 4;
@@ -855,8 +855,8 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 FFMA_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0)
 FFMA_GLU_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=2, BLOCKS=0)
 # The bulk-copy form (BULK=1): consumer warps, ROWS and STAGES (0: worked out per K, bulk_tiles),
-# blocks per multiprocessor, PRE (stages streamed before the wait for the kernel before; the rest
-# once x is in) and DP4A (int8 weights multiplied by dp4a). The default, with PDL: fastest in the
+# blocks per multiprocessor, PRE (stages streamed before the wait for the kernel before, the rest
+# once x is in; 0: the whole ring) and DP4A (int8 weights multiplied by dp4a). The default, with PDL: fastest in the
 # batch-1 stack sweeps, bf16 and int8 (`python benchmarks/gemv_bench.py --sweep`, docs/benchmarks.md).
 BULK_CONFIG = dict(BULK=1, WARPS=8, ROWS=0, STAGES=0, BLOCKS=2, PRE=2, DP4A=1)
 DEFAULT_CONFIG = BULK_CONFIG
@@ -897,9 +897,9 @@ def defines(*, x_fp16: bool, w_bytes: int, fp8: bool, norm: bool, res: bool, glu
             MMA: int = 0, BULK: int = 0, STAGES: int = 0, PRE: int = 0, CPL: int = 0, DP4A: int = 0,
             DRY: int = 0, TRACE: int = 0, **launch) -> str:
     """The variant's #defines. DP4A=1 has the bulk FFMA form multiply int8 weights by dp4a (its
-    default; no effect on other weights or forms). DRY=1 (bulk form, a measuring knob: the output is wrong) has the
-    consumers release each stage without reading it, so a launch times the weight stream alone;
-    TRACE=1 (bulk form, measuring) has each block stamp its timeline (`trace_of`)."""
+    default; no effect on other weights or forms). Two measuring knobs of the bulk form: DRY=1 has
+    the consumers release each stage unread, so a launch times the weight stream alone (its output
+    is wrong); TRACE=1 has each block stamp its timeline (`trace_of`)."""
     flags = dict(X_FP16=x_fp16, W_BYTES=w_bytes, W_FP8=fp8, NORM=norm, HAS_RES=res, GLU=glu,
                  HAS_SCALE=scale, HAS_BIAS=bias, USE_PDL=pdl, WARPS=WARPS, ROWS=ROWS, UNROLL=UNROLL, PIPE=PIPE,
                  MMA=MMA, BULK=BULK, STAGES=STAGES, PRE=PRE, CPL=CPL, DP4A=DP4A,
@@ -918,9 +918,9 @@ BULK_MAX_ROWS = 8
 def bulk_tiles(K: int, w_bytes: int, glu: bool, tiles: dict) -> dict:
     """The bulk-copy form's tiles with the ones left at 0 worked out for this K: ROWS rows a stage
     (of gate and of up with GLU: at most BULK_MAX_ROWS, so at most 16 rows for MMA's A operand),
-    STAGES stages, one block a multiprocessor, and CPL, the rounds of K each consumer lane takes
-    (32 chunks a warp round with FFMA; with MMA, 4 chunks of each of 16 / (rows a stage, rounded
-    up to a power of two, at least 2) segments)."""
+    STAGES stages, one block a multiprocessor, PRE (0: all STAGES), and CPL, the rounds of K each
+    consumer lane takes (32 chunks a warp round with FFMA; with MMA, 4 chunks of each of
+    16 / (rows a stage, rounded up to a power of two, at least 2) segments)."""
     t = dict(tiles)
     row_bytes = K * w_bytes * (2 if glu else 1)
     stage_target = (t.pop("STAGE_KB", 0) << 10) or BULK_STAGE_BYTES
@@ -930,6 +930,9 @@ def bulk_tiles(K: int, w_bytes: int, glu: bool, tiles: dict) -> dict:
     stage = t["ROWS"] * row_bytes
     t["STAGES"] = t.get("STAGES") or max(2, min(12, ring_target // stage))
     t["BLOCKS"] = t.get("BLOCKS") or 1
+    if t.get("PRE", 0) < 0:
+        raise ValueError(f"bulk GEMV tiles {tiles}: PRE={t['PRE']} stages before the wait; use 0 (the whole ring) "
+                         f"to {t['STAGES']}")
     t["PRE"] = min(t.get("PRE") or t["STAGES"], t["STAGES"])
     chunks = K * w_bytes // 16
     if t.get("MMA"):  # 4 chunks of each of the 16 / (stage rows) segments a warp step
@@ -960,18 +963,32 @@ def _function(source_defines: str, device_index: int) -> int:
 def trace_of(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
              norm_weight: torch.Tensor | None, residual: torch.Tensor | None, glu: bool, config: dict) -> torch.Tensor:
     """The block timelines (int64 [blocks, 9], see the kernel's TRACE) that the last launch of these
-    operands with `config` (TRACE=1) left."""
+    operands with `config` (BULK=1, TRACE=1) left."""
+    if not config.get("TRACE"):
+        raise ValueError(f"trace_of reads the stamps of a TRACE=1 variant; {config} has none: add TRACE=1 "
+                         f"(and BULK=1) to the config the launches ran with")
+    src, _, (grid, _, _), _ = _variant(x, weight, scale, bias, norm_weight, residual, glu, config)
+    import cupy
+    pointer = cuda_runtime.load_module(src + SOURCE, _device_index(x)).get_global("gemv_trace")
+    return torch.as_tensor(cupy.ndarray((grid, 9), dtype=cupy.int64, memptr=pointer), device=x.device).clone()
+
+
+def _device_index(x: torch.Tensor) -> int:
+    return x.device.index if x.device.index is not None else torch.cuda.current_device()
+
+
+def _variant(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
+             norm_weight: torch.Tensor | None, residual: torch.Tensor | None, glu: bool,
+             config: dict | None) -> tuple[str, dict, tuple[int, int, int], bool]:
+    """(defines, tiles, (blocks, threads, shared bytes), PDL) of the launch for these operands."""
     K, N = x.shape[1], weight.shape[0] // (2 if glu else 1)
-    tiles, (grid, _, _) = launch_plan(config, N, K, weight.element_size(), glu, hopper_or_later(x), sm_count(x),
-                                      scale is not None, bias is not None)
+    tiles, shape = launch_plan(config, N, K, weight.element_size(), glu, hopper_or_later(x), sm_count(x),
+                               scale is not None, bias is not None)
+    pdl = use_gemv_pdl(x, bool(tiles.get("BULK")))
     src = defines(x_fp16=x.dtype == torch.float16, w_bytes=weight.element_size(),
                   fp8=weight.dtype == torch.float8_e4m3fn, norm=norm_weight is not None, res=residual is not None,
-                  glu=glu, scale=scale is not None, bias=bias is not None,
-                  pdl=use_gemv_pdl(x, bool(tiles.get("BULK"))), **tiles)
-    import cupy
-    pointer = cuda_runtime.load_module(src + SOURCE, x.device.index or 0).get_global("gemv_trace")
-    stamps = cupy.ndarray((grid, 9), dtype=cupy.int64, memptr=pointer)
-    return torch.as_tensor(stamps, device=x.device).clone()
+                  glu=glu, scale=scale is not None, bias=bias is not None, pdl=pdl, **tiles)
+    return src, tiles, shape, pdl
 
 
 def _aligned(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -989,13 +1006,8 @@ def fused_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     K = x.shape[1]
     N = weight.shape[0] // 2 if glu else weight.shape[0]
     assert weight.shape[1] == K, f"weight is {tuple(weight.shape)}, x has {K} columns"
-    tiles, (grid, block, shared) = launch_plan(config, N, K, weight.element_size(), glu, hopper_or_later(x),
-                                               sm_count(x), scale is not None, bias is not None)
-    pdl = use_gemv_pdl(x, bool(tiles.get("BULK")))
-    src = defines(x_fp16=x.dtype == torch.float16, w_bytes=weight.element_size(),
-                  fp8=weight.dtype == torch.float8_e4m3fn, norm=norm_weight is not None, res=residual is not None,
-                  glu=glu, scale=scale is not None, bias=bias is not None, pdl=pdl, **tiles)
-    function = _function(src, x.device.index if x.device.index is not None else torch.cuda.current_device())
+    src, _, (grid, block, shared), pdl = _variant(x, weight, scale, bias, norm_weight, residual, glu, config)
+    function = _function(src, _device_index(x))
     x, residual, norm_weight = (_aligned(t) for t in (x, residual, norm_weight))
     out = torch.empty((1, N), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(x) if residual is not None else None

@@ -108,6 +108,16 @@ def test_bulk_pre_stages_stream_before_the_wait_and_the_rest_after():
     ptx = _ptx("bf16", "plain", pdl=True, tiles=tiles)
     wait, copies = ptx.index("griddepcontrol.wait"), [m.start() for m in re.finditer(r"cp\.async\.bulk", ptx)]
     assert min(copies) < wait < max(copies)
+    assert cuda_gemv.bulk_tiles(4096, 2, False, dict(cuda_gemv.BULK_CONFIG, PRE=0))["PRE"] == 3  # the whole ring
+    with pytest.raises(ValueError, match="PRE=-1"):
+        cuda_gemv.bulk_tiles(4096, 2, False, dict(cuda_gemv.BULK_CONFIG, PRE=-1))
+
+
+def test_trace_of_names_the_missing_knob():
+    import torch
+    x, w = torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(16, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="add TRACE=1"):
+        cuda_gemv.trace_of(x, w, None, None, None, None, False, {"backend": "cuda", "BULK": 1})
 
 
 def test_bulk_tiles_fit_the_ring():
