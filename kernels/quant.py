@@ -71,3 +71,29 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
     if scale is not None:
         return quantized_linear_ref(x, weight, scale, bias)
     return torch.nn.functional.linear(x, weight, bias)
+
+
+STREAMK_MAX_M = 64  # above this a decode product is compute-bound: cuBLAS
+
+
+def streamk_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
+                       bias: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
+    from .activation import silu_and_mul_ref
+    y = quantized_linear_ref(x, weight, scale, bias) if scale is not None else torch.nn.functional.linear(x, weight, bias)
+    return silu_and_mul_ref(y) if glu else y
+
+
+def streamk_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
+                   bias: torch.Tensor | None = None, glu: bool = False, config: dict | None = None) -> torch.Tensor:
+    """y = x @ W.T [* scale] [+ bias] for 1..64 rows of x, by the stream-K kernel
+    (triton_streamk.py); with `glu`, W is the fused [gate; up] projection and y = silu(gate) * up."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if rows > STREAMK_MAX_M:
+        raise ValueError(f"the stream-K kernel takes at most {STREAMK_MAX_M} rows, got {rows}: "
+                         "use cuBLAS (torch.nn.functional.linear) above that")
+    if glu and weight.shape[0] % 2:
+        raise ValueError(f"glu needs the fused [gate; up] weight, an even row count; got {weight.shape[0]} rows")
+    if use_triton(x) and x.dtype in (torch.float16, torch.bfloat16):
+        from .triton_streamk import streamk_linear_triton
+        return streamk_linear_triton(x, weight, scale, bias, glu, config)
+    return streamk_linear_ref(x, weight, scale, bias, glu)

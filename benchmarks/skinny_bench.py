@@ -1,0 +1,146 @@
+"""The decode linears of a Llama-3-8B stack at batch 16-64, as one CUDA graph: cuBLAS, the tuned
+table's choices (cuBLAS or the tiled split-K Triton kernel, as `tune-gemm` picked them) and the
+stream-K kernel (kernels/triton_streamk.py, SwiGLU fused), each against the copy bandwidth.
+
+    python benchmarks/skinny_bench.py [--batch 64] [--layers 32] [--sweep] [--per-linear]
+        [--gemm-config benchmarks/results/gemm-h200-decode.json]
+
+Per layer: RMSNorm -> qkv, o, RMSNorm -> gate/up -> SwiGLU -> down (attention left out: it reads
+no weights). --per-linear also times each linear alone (a graph of --layers launches of it on
+distinct weights, and the lm_head). --sweep times the stream-K kernel's candidate tiles in the
+stack. Every variant's output is checked against the cuBLAS stack's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.gemv_bench import make_layers, time_graph
+from shardline.gemm_tuning import GemmTable, agrees
+from shardline.kernels import _dispatch, activation, norm, quant
+from shardline.kernels.triton_streamk import default_config, streamk_linear_triton
+
+H, I = 4096, 14336
+SHAPES = {"qkv": (6144, H), "o": (H, H), "up": (2 * I, H), "down": (H, I)}
+
+
+def stack(layers, h, res, linear, glu_linear):
+    for L in layers:
+        x, res = norm.rms_norm(h, L["n1"], 1e-5, res)
+        qkv = linear("qkv", x, L["qkv"][0])
+        attn = linear("o", qkv[:, :H], L["o"][0])  # q stands in for the attention output
+        x, res = norm.rms_norm(attn, L["n2"], 1e-5, res)
+        h = linear("down", glu_linear(x, L["up"][0]), L["down"][0])
+    return h
+
+
+def cublas(name, x, w):
+    return F.linear(x, w)
+
+
+def cublas_glu(x, w):
+    return activation.silu_and_mul(F.linear(x, w))
+
+
+def tuned(table: GemmTable):
+    def linear(name, x, w):
+        c = table.choice(*w.shape, w.dtype, x.dtype, x.shape[0])
+        if c is not None and c["impl"] == "triton":
+            return quant.small_m_linear(x, w, None, None, c["config"])
+        return F.linear(x, w)
+    return linear, lambda x, w: activation.silu_and_mul(linear("up", x, w))
+
+
+def streamk(c: dict | None, c_glu: dict | None):
+    return (lambda name, x, w: streamk_linear_triton(x, w, config=c),
+            lambda x, w: streamk_linear_triton(x, w, glu=True, config=c_glu))
+
+
+def sweep_configs(M: int) -> list[tuple[dict, dict]]:
+    """(tiles, gate/up tiles): K tile, stages in flight, programs a multiprocessor, prefetch."""
+    out = []
+    for bk, stages, per_sm, prefetch in ((128, 4, 1, 0), (128, 3, 1, 4), (128, 3, 2, 4), (64, 4, 1, 4),
+                                         (64, 6, 1, 4), (64, 8, 1, 8), (64, 3, 2, 4), (64, 4, 2, 4)):
+        c = dict(default_config(M, False, 2), BLOCK_K=bk, num_stages=stages, PROGRAMS_PER_SM=per_sm,
+                 PREFETCH=prefetch)
+        out.append((c, dict(c, BLOCK_N=c["BLOCK_N"] // 2)))
+    return out
+
+
+def per_linear(layers, M: int, table: GemmTable | None) -> None:
+    lm_head = torch.randn(128256, H, device="cuda", dtype=torch.bfloat16) * 0.02
+    print(f"\neach linear alone: {len(layers)} launches on distinct weights, batch {M}; us a launch and GB/s")
+    print(f"{'linear':<7} {'cublas':>14} {'tuned':>14} {'stream-K':>14}")
+    for name, (n, k) in list(SHAPES.items()) + [("lm_head", (128256, H))]:
+        ws = [lm_head] if name == "lm_head" else [L[name][0] for L in layers]
+        x = torch.randn(M, k, device="cuda", dtype=torch.bfloat16)
+        glu = name == "up"
+        nbytes = sum(w.numel() * 2 for w in ws)
+        variants = {"cublas": lambda x, w: F.linear(x, w),
+                    "stream-K": lambda x, w: streamk_linear_triton(x, w, glu=glu)}
+        if table is not None:
+            variants["tuned"] = lambda x, w, lin=tuned(table)[0]: lin(name, x, w)
+        cols = {}
+        for label, f in variants.items():
+            ms, _ = time_graph(lambda h, r, f=f: [f(h, w) for w in ws][-1], x, None, reps=20)
+            us = ms * 1e3 / len(ws)
+            cols[label] = f"{us:7.2f} {nbytes / ms / 1e6:6.0f}"
+            print(json.dumps({"linear": name, "variant": label, "batch": M, "us": round(us, 2),
+                              "weight_GBps": round(nbytes / ms / 1e6, 1)}), flush=True)
+        print(f"{name:<7} {cols['cublas']:>14} {cols.get('tuned', '-'):>14} {cols['stream-K']:>14}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--gemm-config", help="a `shardline tune-gemm` table: its choices are the 'tuned' row")
+    ap.add_argument("--sweep", action="store_true", help="time the stream-K kernel's candidate tiles")
+    ap.add_argument("--per-linear", action="store_true", help="also time each linear alone")
+    args = ap.parse_args()
+    layers = make_layers(args.layers, "none")
+    table = GemmTable.load(args.gemm_config, torch.device("cuda")) if args.gemm_config else None
+    nbytes = sum(L[k][0].numel() * 2 for L in layers for k in SHAPES)
+    h = torch.randn(args.batch, H, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn_like(h)
+    rows, reference = [], None
+
+    def run(name, linears, tiles=None):
+        nonlocal reference
+        try:
+            ms, out = time_graph(lambda h, r: stack(layers, h, r, *linears), h, res)
+        except Exception as e:  # a candidate that does not compile or launch is reported, not fatal
+            print(f"{name} {tiles}: failed: {type(e).__name__}: {e}", flush=True)
+            return
+        reference = out if reference is None else reference
+        rows.append({"variant": name, "batch": args.batch, "layers": args.layers, "ms": round(ms, 4),
+                     "weight_GBps": round(nbytes / ms / 1e6, 1), "tiles": tiles, "agrees": agrees(out, reference, 0.1)})
+        print(json.dumps(rows[-1]), flush=True)
+
+    _dispatch.PDL_DISABLED = False
+    run("cublas", (cublas, cublas_glu))
+    if table is not None:
+        run("tuned table", tuned(table))
+    run("stream-K", streamk(None, None))
+    fixed = len(rows)
+    if args.sweep:
+        for c, c_glu in sweep_configs(args.batch):
+            run("stream-K", streamk(c, c_glu), [c, c_glu])
+    print(f"\n{torch.cuda.get_device_name()}: {args.layers} layers of decode linears, batch {args.batch}, "
+          f"bf16 weights ({nbytes / 1e9:.2f} GB); norms and SwiGLU included")
+    print(f"{'variant':<12} {'ms':>8} {'GB/s':>8} {'vs cublas':>9}  tiles (WRONG: output differs from cuBLAS)")
+    base = rows[0]["ms"]
+    for r in rows[:fixed] + sorted(rows[fixed:], key=lambda r: r["ms"]):
+        tiles = "" if r["tiles"] is None else ",".join(f"{k}={v}" for k, v in r["tiles"][0].items())
+        print(f"{r['variant']:<12} {r['ms']:>8.3f} {r['weight_GBps']:>8.0f} {base / r['ms']:>8.2f}x  {tiles}"
+              f"{'' if r['agrees'] else '  WRONG'}")
+    if args.per_linear:
+        per_linear(layers, args.batch, table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""Stream-K GEMM for decode at batch 2..64: y = x @ W.T [* scale] [+ bias] [-> silu(gate) * up].
+
+At batch 64 a decode step still reads every weight once and the matrix units idle most of the
+time, so a linear is a weight stream again, only with [BLOCK_M, BLOCK_K] of x riding along each
+[BLOCK_N, BLOCK_K] weight tile (from L2: x is 64 rows). What cost bandwidth in the tiled kernel
+(triton_quant.py) and in cuBLAS is the shape of the grid, not the loop:
+
+- waves: 48 output tiles of the [6144, 4096] qkv projection, split-K 2, is 96 programs; on 132
+  multiprocessors that is one wave three quarters full, then nothing;
+- ramps: each program fills its pipeline from DRAM before its first product, and the next kernel
+  waits for the last program of this one.
+
+So this kernel is persistent and its work is cut by iterations, not tiles: the (tile, k-tile)
+iterations, tile-major, are dealt out in P equal contiguous ranges, one per program (P is the
+number of multiprocessors times the programs each holds). A program's range covers the tail of
+one tile, whole tiles, and the head of another; the head and tail are partial sums. Each partial
+goes to a workspace slot and bumps its tile's counter; the last of the tile's programs to arrive
+sums the slots in program order (deterministic) and runs the epilogue, then zeroes the counter
+for the next call. One launch, no host synchronisation: CUDA-graph safe (warm up before capture).
+
+Programmatic dependent launch (Hopper): the weights depend on no earlier kernel, so each program
+asks L2 for its first PREFETCH weight tiles before it waits for the kernel before it; its
+pipeline then fills from L2 while the other multiprocessors still drain.
+
+GLU: W is the fused [gate; up] projection [2I, K]; each tile holds BLOCK_N gate rows and the
+BLOCK_N up rows I below them, and the epilogue writes silu(gate) * up [M, I], rounding where the
+unfused path (the product, then activation.silu_and_mul) rounds.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._dispatch import pdl_args, sm_count
+from .triton_quant import _tile_counters
+
+from .quant import STREAMK_MAX_M as MAX_M
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    """Ask L2 for the lines at `ptrs` (one pointer per 128-byte line); nothing comes back."""
+    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _program_start(p, total, P):
+    """First iteration of program p: ranges are [p*total // P, (p+1)*total // P)."""
+    return p * total // P
+
+
+@triton.jit
+def _owner(it, total, P):
+    """The program whose range holds iteration `it`: the largest p with p*total // P <= it."""
+    return ((it + 1) * P - 1) // total
+
+
+@triton.jit
+def _epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
+              HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr):
+    n_mask = offs_n < N
+    dtype = out_ptr.dtype.element_ty
+    y = acc
+    if HAS_SCALE:
+        y = y * tl.load(scale_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if GLU:  # the unfused path rounds the product, then silu(gate), then silu * up
+        u = acc_up
+        if HAS_SCALE:
+            u = u * tl.load(scale_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if HAS_BIAS:
+            u += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        g = y.to(dtype).to(tl.float32)
+        silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+        y = silu * u.to(dtype).to(tl.float32)
+    mask = (offs_m[:, None] < M) & n_mask[None, :]
+    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :], y.to(dtype), mask=mask)
+
+
+@triton.jit
+def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
+                    stride_xm, stride_wn, stride_om,
+                    HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, GLU: tl.constexpr,
+                    EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    LINE: tl.constexpr, USE_PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    total = tl.cdiv(N, BLOCK_N) * k_tiles
+    lo = _program_start(pid, total, P)
+    hi = _program_start(pid + 1, total, P)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_bn = tl.arange(0, BLOCK_N)
+    offs_bk = tl.arange(0, BLOCK_K)
+    up_rows = N * stride_wn  # GLU: the up rows sit N rows below the gate rows
+
+    if USE_PDL:  # the weights depend on no earlier kernel: start them towards L2, then wait
+        for i in tl.static_range(PREFETCH):
+            it = tl.minimum(lo + i, hi - 1)
+            tile = it // k_tiles
+            rows = tl.minimum(tile * BLOCK_N + offs_bn, N - 1).to(tl.int64) * stride_wn
+            cols = (it - tile * k_tiles) * BLOCK_K + tl.arange(0, BLOCK_K // LINE) * LINE
+            cols = tl.minimum(cols, K - 1)
+            _prefetch_l2(w_ptr + rows[:, None] + cols[None, :])
+            if GLU:
+                _prefetch_l2(w_ptr + up_rows + rows[:, None] + cols[None, :])
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+    m_mask = offs_m[:, None] < M
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    PART: tl.constexpr = (2 if GLU else 1) * BLOCK_M * BLOCK_N  # one slot of the workspace
+    part_tile = offs_m[:, None] * BLOCK_N + offs_bn[None, :]
+    for it in range(lo, hi):
+        tile = it // k_tiles
+        kb = it - tile * k_tiles
+        offs_n = tile * BLOCK_N + offs_bn
+        offs_k = kb * BLOCK_K + offs_bk
+        n_mask = offs_n[:, None] < N
+        w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+        if EVEN_K:
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask, other=0.0)
+            w = tl.load(w_ptrs, mask=n_mask, other=0)
+        else:
+            k_mask = offs_k[None, :] < K
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask & k_mask, other=0.0)
+            w = tl.load(w_ptrs, mask=n_mask & k_mask, other=0)
+        if FP8:  # fp8 weights arrive as their bytes (a masked load cannot fill fp8 with a zero)
+            w = w.to(tl.float8e4nv, bitcast=True)
+        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=DOT_PRECISION)
+        if GLU:
+            if EVEN_K:
+                u = tl.load(w_ptrs + up_rows, mask=n_mask, other=0)
+            else:
+                u = tl.load(w_ptrs + up_rows, mask=n_mask & (offs_k[None, :] < K), other=0)
+            if FP8:
+                u = u.to(tl.float8e4nv, bitcast=True)
+            acc_up = tl.dot(x, tl.trans(u.to(x.dtype)), acc_up, input_precision=DOT_PRECISION)
+
+        if (kb == k_tiles - 1) | (it == hi - 1):  # this program's share of the tile is done
+            tile_lo = tile * k_tiles
+            first = _owner(tile_lo, total, P)
+            last = _owner(tile_lo + k_tiles - 1, total, P)
+            if first == last:  # the whole tile: no partials
+                _epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
+                          HAS_SCALE, HAS_BIAS, GLU)
+            else:
+                # Slot 2p holds program p's first segment, 2p + 1 its last (when they differ).
+                slot = 2 * pid + (lo < tile_lo).to(tl.int32)
+                tl.store(part_ptr + slot * PART + part_tile, acc)
+                if GLU:
+                    tl.store(part_ptr + slot * PART + BLOCK_M * BLOCK_N + part_tile, acc_up)
+                tl.debug_barrier()  # every thread's partial is written before the counter moves
+                arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+                if arrived == last - first:  # the tile's last program: sum the slots in order
+                    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                    for p in range(first, last + 1):
+                        s = 2 * p + (_program_start(p, total, P) < tile_lo).to(tl.int32)
+                        acc += tl.load(part_ptr + s * PART + part_tile, cache_modifier=".cg")
+                        if GLU:
+                            acc_up += tl.load(part_ptr + s * PART + BLOCK_M * BLOCK_N
+                                              + part_tile, cache_modifier=".cg")
+                    tl.atomic_xchg(count_ptr + tile, 0)
+                    _epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
+                              HAS_SCALE, HAS_BIAS, GLU)
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+
+
+def default_config(M: int, glu: bool, w_bytes: int) -> dict:
+    """Tiles of 32 KB of bf16 weights (16 KB of int8) per iteration, with 16 KB of x (BLOCK_M=64);
+    four stages in flight, one program per multiprocessor."""
+    block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
+    return dict(BLOCK_M=block_m, BLOCK_N=64 if glu else 128, BLOCK_K=128, num_warps=8 if block_m == 64 else 4,
+                num_stages=4, PROGRAMS_PER_SM=1, PREFETCH=4)
+
+
+def streamk_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None,
+                          bias: torch.Tensor | None = None, glu: bool = False,
+                          config: dict | None = None) -> torch.Tensor:
+    """y [.., N] (or [.., N/2] with `glu`) for x [.., K] and w [N, K]: x's dtype, or int8 / fp8
+    with a per-row `scale` [N]."""
+    N2, K = w.shape
+    N = N2 // 2 if glu else N2
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    assert M <= MAX_M and N2 == (2 * N if glu else N), "checked by quant.streamk_linear"
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    assert w.stride(-1) == 1, "weight rows must be contiguous"
+    cfg = dict(config or default_config(M, glu, w.element_size()))
+    block_m = max(cfg.pop("BLOCK_M", 64), 16)
+    per_sm = cfg.pop("PROGRAMS_PER_SM", 1)
+    programs = cfg.pop("PROGRAMS", None)  # a fixed count (tests: uneven ranges on a small problem)
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out.view(*x.shape[:-1], N)
+    tiles = triton.cdiv(N, cfg["BLOCK_N"])
+    total = tiles * triton.cdiv(K, cfg["BLOCK_K"])
+    programs = min(programs or per_sm * sm_count(x), total)  # each program at least one iteration
+    part = torch.empty((2 * programs, 2 if glu else 1, block_m, cfg["BLOCK_N"]), dtype=torch.float32, device=x.device)
+    counters = _tile_counters(x.device, tiles)
+    dummy = scale if scale is not None else out
+    fp8 = w.dtype == torch.float8_e4m3fn
+    _streamk_kernel[(programs,)](x2, w.view(torch.uint8) if fp8 else w, dummy,
+                                 bias if bias is not None else dummy, out, part, counters, M, N, K,
+                                 x2.stride(0), w.stride(0), out.stride(0),
+                                 HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8, GLU=glu,
+                                 EVEN_K=K % cfg["BLOCK_K"] == 0,
+                                 DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+                                 BLOCK_M=block_m, LINE=min(128 // w.element_size(), cfg["BLOCK_K"]), **cfg,
+                                 **pdl_args(x2))
+    return out.view(*x.shape[:-1], N)
