@@ -63,9 +63,10 @@ def streamk(c: dict | None, c_glu: dict | None):
 def sweep_configs(M: int) -> list[tuple[dict, dict]]:
     """(tiles, gate/up tiles): K tile, stages in flight, programs a multiprocessor, prefetch."""
     out = []
-    for bk, stages, per_sm, prefetch in ((128, 4, 1, 0), (128, 3, 1, 4), (128, 3, 2, 4), (64, 4, 1, 4),
-                                         (64, 6, 1, 4), (64, 8, 1, 8), (64, 3, 2, 4), (64, 4, 2, 4)):
-        c = dict(default_config(M, False, 2), BLOCK_K=bk, num_stages=stages, PROGRAMS_PER_SM=per_sm,
+    for bn, bk, stages, per_sm, prefetch in ((128, 128, 4, 1, 0), (128, 128, 3, 1, 4), (128, 64, 4, 1, 4),
+                                             (128, 64, 6, 1, 4), (128, 64, 8, 1, 8), (128, 64, 3, 2, 4),
+                                             (256, 64, 4, 1, 4), (256, 64, 3, 1, 4), (64, 128, 4, 1, 4)):
+        c = dict(default_config(M, False, 2), BLOCK_N=bn, BLOCK_K=bk, num_stages=stages, PROGRAMS_PER_SM=per_sm,
                  PREFETCH=prefetch)
         out.append((c, dict(c, BLOCK_N=c["BLOCK_N"] // 2)))
     return out

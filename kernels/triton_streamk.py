@@ -15,8 +15,9 @@ iterations, tile-major, are dealt out in P equal contiguous ranges, one per prog
 number of multiprocessors times the programs each holds). A program's range covers the tail of
 one tile, whole tiles, and the head of another; the head and tail are partial sums. Each partial
 goes to a workspace slot and bumps its tile's counter; the last of the tile's programs to arrive
-sums the slots in program order (deterministic) and runs the epilogue, then zeroes the counter
-for the next call. One launch, no host synchronisation: CUDA-graph safe (warm up before capture).
+sums the slots in program order (deterministic) and runs the epilogue once its own range is
+done, then zeroes the counter for the next call. (Every thread counts its own partial stores in
+with a release; a barrier and one count per program would serialise Triton's software pipeline.) One launch, no host synchronisation: CUDA-graph safe (warm up before capture).
 
 Programmatic dependent launch (Hopper): the weights depend on no earlier kernel, so each program
 asks L2 for its first PREFETCH weight tiles before it waits for the kernel before it; its
@@ -87,7 +88,7 @@ def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_
                     HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, GLU: tl.constexpr,
                     EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    LINE: tl.constexpr, USE_PDL: tl.constexpr):
+                    LINE: tl.constexpr, THREADS: tl.constexpr, USE_PDL: tl.constexpr):
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -118,6 +119,8 @@ def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     PART: tl.constexpr = (2 if GLU else 1) * BLOCK_M * BLOCK_N  # one slot of the workspace
     part_tile = offs_m[:, None] * BLOCK_N + offs_bn[None, :]
+    reduce_first = -1  # the tile (if any) this program sums: at its first segment ...
+    reduce_last = -1  # ... and at its last
     for it in range(lo, hi):
         tile = it // k_tiles
         kb = it - tile * k_tiles
@@ -157,22 +160,33 @@ def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_
                 tl.store(part_ptr + slot * PART + part_tile, acc)
                 if GLU:
                     tl.store(part_ptr + slot * PART + BLOCK_M * BLOCK_N + part_tile, acc_up)
-                tl.debug_barrier()  # every thread's partial is written before the counter moves
-                arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-                if arrived == last - first:  # the tile's last program: sum the slots in order
-                    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                    for p in range(first, last + 1):
-                        s = 2 * p + (_program_start(p, total, P) < tile_lo).to(tl.int32)
-                        acc += tl.load(part_ptr + s * PART + part_tile, cache_modifier=".cg")
-                        if GLU:
-                            acc_up += tl.load(part_ptr + s * PART + BLOCK_M * BLOCK_N
-                                              + part_tile, cache_modifier=".cg")
-                    tl.atomic_xchg(count_ptr + tile, 0)
-                    _epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
-                              HAS_SCALE, HAS_BIAS, GLU)
+                # Every thread counts its own stores in (a barrier here would keep Triton from
+                # pipelining the loop): the tile is complete at contributors x threads arrivals.
+                arrived = tl.atomic_add(count_ptr + tile + tl.zeros([THREADS], tl.int32), 1, sem="acq_rel",
+                                        scope="gpu")
+                if tl.max((arrived == (last - first + 1) * THREADS - 1).to(tl.int32), 0) > 0:
+                    if lo < tile_lo:  # the tile's last arrival sums it, after its loop
+                        reduce_last = tile
+                    else:
+                        reduce_first = tile
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+
+    # The sums are outside the loop: a loop nested in it would keep Triton from pipelining it.
+    for r in tl.static_range(2):
+        tile = reduce_first if r == 0 else reduce_last
+        if tile >= 0:
+            tile_lo = tile * k_tiles
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for p in range(_owner(tile_lo, total, P), _owner(tile_lo + k_tiles - 1, total, P) + 1):
+                s = 2 * p + (_program_start(p, total, P) < tile_lo).to(tl.int32)
+                acc += tl.load(part_ptr + s * PART + part_tile, cache_modifier=".cg")
+                if GLU:
+                    acc_up += tl.load(part_ptr + s * PART + BLOCK_M * BLOCK_N + part_tile, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + tile, 0)
+            _epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, tile * BLOCK_N + offs_bn, M, N,
+                      stride_om, HAS_SCALE, HAS_BIAS, GLU)
 
 
 def default_config(M: int, glu: bool, w_bytes: int) -> dict:
@@ -198,6 +212,7 @@ def streamk_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     assert w.stride(-1) == 1, "weight rows must be contiguous"
     cfg = dict(config or default_config(M, glu, w.element_size()))
     block_m = max(cfg.pop("BLOCK_M", 64), 16)
+    cfg.setdefault("PREFETCH", 4)
     per_sm = cfg.pop("PROGRAMS_PER_SM", 1)
     programs = cfg.pop("PROGRAMS", None)  # a fixed count (tests: uneven ranges on a small problem)
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
@@ -216,6 +231,7 @@ def streamk_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
                                  HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8, GLU=glu,
                                  EVEN_K=K % cfg["BLOCK_K"] == 0,
                                  DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                                 BLOCK_M=block_m, LINE=min(128 // w.element_size(), cfg["BLOCK_K"]), **cfg,
+                                 BLOCK_M=block_m, LINE=min(128 // w.element_size(), cfg["BLOCK_K"]),
+                                 THREADS=32 * cfg["num_warps"], **cfg,
                                  **pdl_args(x2))
     return out.view(*x.shape[:-1], N)
