@@ -239,9 +239,12 @@ def _paged(seq_lens_list, q_lens, dtype=BF16, table_width=None):
     return q, (kc, vc, tables, seq_lens, qsl, HD ** -0.5)
 
 
-def bench_decode_attention(sweep: bool) -> None:
+DECODE_SHAPES = ((1, 192), (1, 2048), (16, 1024), (64, 192), (64, 512), (256, 192))
+
+
+def bench_decode_attention(sweep: bool, shapes=DECODE_SHAPES) -> None:
     from shardline.kernels.triton_attention import paged_attention_triton
-    for B, ctx in ((1, 192), (1, 2048), (16, 1024), (64, 192), (64, 512), (256, 192)):
+    for B, ctx in shapes:
         nbytes = B * ctx * NKV * HD * 2 * 2 + 2 * B * NH * HD * 2
         shape = f"B={B} ctx={ctx}"
 
@@ -412,6 +415,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated: " + ",".join(SECTIONS))
     parser.add_argument("--sweep", action="store_true", help="also time alternative launch configs")
+    parser.add_argument("--decode-shapes", help="decode attention's (batch x context) shapes, e.g. 64x192,64x256")
     args = parser.parse_args()
     import triton
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
@@ -422,6 +426,8 @@ def main() -> None:
     copy_ceiling()
     for name in args.only.split(","):
         kw = {"sweep": args.sweep} if name in ("decode", "prefill", "int8") else {}
+        if name == "decode" and args.decode_shapes:
+            kw["shapes"] = [tuple(map(int, s.split("x"))) for s in args.decode_shapes.split(",")]
         try:
             SECTIONS[name](**kw)
         except Exception:

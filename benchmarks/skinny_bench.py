@@ -63,11 +63,12 @@ def streamk(c: dict | None, c_glu: dict | None):
 def sweep_configs(M: int) -> list[tuple[dict, dict]]:
     """(tiles, gate/up tiles): K tile, stages in flight, programs a multiprocessor, prefetch."""
     out = []
-    for bn, bk, stages, per_sm, prefetch in ((128, 128, 4, 1, 0), (128, 128, 3, 1, 4), (128, 64, 4, 1, 4),
-                                             (128, 64, 6, 1, 4), (128, 64, 8, 1, 8), (128, 64, 3, 2, 4),
-                                             (256, 64, 4, 1, 4), (256, 64, 3, 1, 4), (64, 128, 4, 1, 4)):
+    for bn, bk, stages, per_sm, prefetch, tma in (
+            (128, 128, 4, 1, 0, 1), (128, 128, 3, 1, 0, 1), (128, 64, 6, 1, 0, 1), (64, 128, 4, 1, 0, 1),
+            (256, 64, 4, 1, 0, 1), (128, 64, 3, 2, 0, 1), (128, 128, 4, 1, 0, 0), (128, 128, 4, 1, 2, 0),
+            (128, 64, 6, 1, 0, 0)):
         c = dict(default_config(M, False, 2), BLOCK_N=bn, BLOCK_K=bk, num_stages=stages, PROGRAMS_PER_SM=per_sm,
-                 PREFETCH=prefetch)
+                 PREFETCH=prefetch, TMA=tma)
         out.append((c, dict(c, BLOCK_N=c["BLOCK_N"] // 2)))
     return out
 
@@ -75,14 +76,16 @@ def sweep_configs(M: int) -> list[tuple[dict, dict]]:
 def per_linear(layers, M: int, table: GemmTable | None) -> None:
     lm_head = torch.randn(128256, H, device="cuda", dtype=torch.bfloat16) * 0.02
     print(f"\neach linear alone: {len(layers)} launches on distinct weights, batch {M}; us a launch and GB/s")
-    print(f"{'linear':<7} {'cublas':>14} {'tuned':>14} {'stream-K':>14}")
+    print(f"{'linear':<7} {'cublas':>14} {'tuned':>14} {'stream-K':>14} {'stream-K TMA':>14}")
     for name, (n, k) in list(SHAPES.items()) + [("lm_head", (128256, H))]:
         ws = [lm_head] if name == "lm_head" else [L[name][0] for L in layers]
         x = torch.randn(M, k, device="cuda", dtype=torch.bfloat16)
         glu = name == "up"
         nbytes = sum(w.numel() * 2 for w in ws)
+        tma = dict(default_config(M, glu, 2), TMA=1, PREFETCH=0)
         variants = {"cublas": lambda x, w: F.linear(x, w),
-                    "stream-K": lambda x, w: streamk_linear_triton(x, w, glu=glu)}
+                    "stream-K": lambda x, w: streamk_linear_triton(x, w, glu=glu),
+                    "stream-K TMA": lambda x, w: streamk_linear_triton(x, w, glu=glu, config=tma)}
         if table is not None:
             variants["tuned"] = lambda x, w, lin=tuned(table)[0]: lin(name, x, w)
         cols = {}
@@ -92,7 +95,8 @@ def per_linear(layers, M: int, table: GemmTable | None) -> None:
             cols[label] = f"{us:7.2f} {nbytes / ms / 1e6:6.0f}"
             print(json.dumps({"linear": name, "variant": label, "batch": M, "us": round(us, 2),
                               "weight_GBps": round(nbytes / ms / 1e6, 1)}), flush=True)
-        print(f"{name:<7} {cols['cublas']:>14} {cols.get('tuned', '-'):>14} {cols['stream-K']:>14}")
+        print(f"{name:<7} {cols['cublas']:>14} {cols.get('tuned', '-'):>14} {cols['stream-K']:>14} "
+              f"{cols['stream-K TMA']:>14}")
 
 
 def main() -> None:

@@ -43,7 +43,7 @@ from .quant import STREAMK_MAX_M as MAX_M
 @triton.jit
 def _prefetch_l2(ptrs):
     """Ask L2 for the lines at `ptrs` (one pointer per 128-byte line); nothing comes back."""
-    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
                               dtype=tl.int32, is_pure=False, pack=1)
 
 
@@ -88,7 +88,7 @@ def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_
                     HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, GLU: tl.constexpr,
                     EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    LINE: tl.constexpr, THREADS: tl.constexpr, USE_PDL: tl.constexpr):
+                    LINE: tl.constexpr, THREADS: tl.constexpr, TMA: tl.constexpr, USE_PDL: tl.constexpr):
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -100,7 +100,7 @@ def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_
     offs_bk = tl.arange(0, BLOCK_K)
     up_rows = N * stride_wn  # GLU: the up rows sit N rows below the gate rows
 
-    if USE_PDL:  # the weights depend on no earlier kernel: start them towards L2, then wait
+    if USE_PDL & (PREFETCH > 0) & (not TMA):  # the weights depend on no earlier kernel: start them towards L2, then wait
         for i in tl.static_range(PREFETCH):
             it = tl.minimum(lo + i, hi - 1)
             tile = it // k_tiles
@@ -110,11 +110,11 @@ def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_
             _prefetch_l2(w_ptr + rows[:, None] + cols[None, :])
             if GLU:
                 _prefetch_l2(w_ptr + up_rows + rows[:, None] + cols[None, :])
+    if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
 
     m_mask = offs_m[:, None] < M
-    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     PART: tl.constexpr = (2 if GLU else 1) * BLOCK_M * BLOCK_N  # one slot of the workspace
@@ -126,20 +126,27 @@ def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_
         kb = it - tile * k_tiles
         offs_n = tile * BLOCK_N + offs_bn
         offs_k = kb * BLOCK_K + offs_bk
-        n_mask = offs_n[:, None] < N
-        w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-        if EVEN_K:
-            x = tl.load(x_rows + offs_k[None, :], mask=m_mask, other=0.0)
-            w = tl.load(w_ptrs, mask=n_mask, other=0)
+        if TMA:  # x_ptr and w_ptr are tensor descriptors: the copy engine fetches, zero-filling the edges
+            x = x_ptr.load([0, kb * BLOCK_K])
+            w = w_ptr.load([tile * BLOCK_N, kb * BLOCK_K])
         else:
-            k_mask = offs_k[None, :] < K
-            x = tl.load(x_rows + offs_k[None, :], mask=m_mask & k_mask, other=0.0)
-            w = tl.load(w_ptrs, mask=n_mask & k_mask, other=0)
+            x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+            n_mask = offs_n[:, None] < N
+            w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+            if EVEN_K:
+                x = tl.load(x_rows + offs_k[None, :], mask=m_mask, other=0.0)
+                w = tl.load(w_ptrs, mask=n_mask, other=0)
+            else:
+                k_mask = offs_k[None, :] < K
+                x = tl.load(x_rows + offs_k[None, :], mask=m_mask & k_mask, other=0.0)
+                w = tl.load(w_ptrs, mask=n_mask & k_mask, other=0)
         if FP8:  # fp8 weights arrive as their bytes (a masked load cannot fill fp8 with a zero)
             w = w.to(tl.float8e4nv, bitcast=True)
         acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=DOT_PRECISION)
         if GLU:
-            if EVEN_K:
+            if TMA:
+                u = w_ptr.load([N + tile * BLOCK_N, kb * BLOCK_K])
+            elif EVEN_K:
                 u = tl.load(w_ptrs + up_rows, mask=n_mask, other=0)
             else:
                 u = tl.load(w_ptrs + up_rows, mask=n_mask & (offs_k[None, :] < K), other=0)
@@ -225,13 +232,20 @@ def streamk_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     counters = _tile_counters(x.device, tiles)
     dummy = scale if scale is not None else out
     fp8 = w.dtype == torch.float8_e4m3fn
-    _streamk_kernel[(programs,)](x2, w.view(torch.uint8) if fp8 else w, dummy,
+    w_arg = w.view(torch.uint8) if fp8 else w
+    tma = cfg.pop("TMA", 0) and x.is_cuda
+    x_arg = x2
+    if tma:  # descriptors of [BLOCK_M, BLOCK_K] tiles of x and [BLOCK_N, BLOCK_K] tiles of w
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        x_arg = TensorDescriptor.from_tensor(x2, [block_m, cfg["BLOCK_K"]])
+        w_arg = TensorDescriptor.from_tensor(w_arg, [cfg["BLOCK_N"], cfg["BLOCK_K"]])
+    _streamk_kernel[(programs,)](x_arg, w_arg, dummy,
                                  bias if bias is not None else dummy, out, part, counters, M, N, K,
                                  x2.stride(0), w.stride(0), out.stride(0),
                                  HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8, GLU=glu,
                                  EVEN_K=K % cfg["BLOCK_K"] == 0,
                                  DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                                  BLOCK_M=block_m, LINE=min(128 // w.element_size(), cfg["BLOCK_K"]),
-                                 THREADS=32 * cfg["num_warps"], **cfg,
+                                 THREADS=32 * cfg["num_warps"], TMA=bool(tma), **cfg,
                                  **pdl_args(x2))
     return out.view(*x.shape[:-1], N)

@@ -35,11 +35,14 @@ def _problem(M, N, K, dtype, device, weights, glu, with_bias):
                                             (64, 192, 520, 7), (33, 300, 512, 4), (8, 130, 128, 1)])
 @pytest.mark.parametrize("weights", ["x", "int8"])
 @pytest.mark.parametrize("glu", [False, True])
-def test_streamk_linear(device, dtype, M, N, K, programs, weights, glu):
+@pytest.mark.parametrize("tma", [0, 1])
+def test_streamk_linear(device, dtype, M, N, K, programs, weights, glu, tma):
     from shardline.kernels.triton_streamk import streamk_linear_triton
     skip_interpreted_bf16_dot(device, dtype)
+    if tma and device != "cuda":
+        pytest.skip("tensor-memory-accelerator loads need a Hopper GPU")
     x, w, scale, bias = _problem(M, N, K, dtype, device, weights, glu, with_bias=M % 2 == 1)
-    cfg = dict(BLOCK_M=16 if M <= 16 else 64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=2, PREFETCH=2)
+    cfg = dict(BLOCK_M=16 if M <= 16 else 64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=2, PREFETCH=2, TMA=tma)
     if programs:
         cfg["PROGRAMS"] = programs
     want = _reference(x, w, scale, bias, glu)
