@@ -233,7 +233,9 @@ def streamk_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     dummy = scale if scale is not None else out
     fp8 = w.dtype == torch.float8_e4m3fn
     w_arg = w.view(torch.uint8) if fp8 else w
-    tma = cfg.pop("TMA", 0) and x.is_cuda
+    # Descriptors need 16-byte aligned bases and row strides; otherwise the pointer loads run.
+    tma = cfg.pop("TMA", 0) and x.is_cuda and all(
+        t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0 for t in (x2, w))
     x_arg = x2
     if tma:  # descriptors of [BLOCK_M, BLOCK_K] tiles of x and [BLOCK_N, BLOCK_K] tiles of w
         from triton.tools.tensor_descriptor import TensorDescriptor
