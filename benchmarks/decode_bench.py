@@ -159,6 +159,9 @@ def main() -> None:
     ap.add_argument("--gemm-config", help="use `shardline tune-gemm` choices (and report the gain)")
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                     help="launch step N+1 before reading step N's tokens (default: the engine's)")
+    ap.add_argument("--attention-configs", type=json.loads,
+                    help='A/B the decode attention tiles, e.g. \'[{"num_stages": 2}, {"num_stages": 3}]\': '
+                         'each batch is timed under each in turn, twice (graphs recaptured each time)')
     ap.add_argument("--out")
     args = ap.parse_args()
     global GEMM_CONFIG, OVERLAP
@@ -187,13 +190,21 @@ def main() -> None:
     params, weight_bytes = num_params(pipeline)
     res["llama_params_streamed"] = params
     res["shardline"] = []
+    from shardline.kernels import triton_attention
+    default_attention = dict(triton_attention.DECODE_CONFIG)
     for b in batches:
-        ms = decode_ms_per_step(pipeline, b)
-        gpu_ms = graph_replay_ms(pipeline, b)
-        res["shardline"].append({"batch": b, "decode_ms_per_step": round(ms, 3), "tok_s": round(b * 1e3 / ms, 1),
-                                 "weight_GBps": round(weight_bytes / ms / 1e6, 1),
-                                 "graph_replay_ms": round(gpu_ms, 3) if gpu_ms else None})
-        print(json.dumps(res["shardline"][-1]), flush=True)
+        for attention in (args.attention_configs or [None]) * (2 if args.attention_configs else 1):
+            if attention is not None:  # new tiles: the step's graphs are captured again
+                triton_attention.DECODE_CONFIG = dict(default_attention, **attention)
+                pipeline.engines[0].graphs.graphs.clear()
+            ms = decode_ms_per_step(pipeline, b)
+            gpu_ms = graph_replay_ms(pipeline, b)
+            res["shardline"].append({"batch": b, "decode_ms_per_step": round(ms, 3), "tok_s": round(b * 1e3 / ms, 1),
+                                     "weight_GBps": round(weight_bytes / ms / 1e6, 1),
+                                     "graph_replay_ms": round(gpu_ms, 3) if gpu_ms else None,
+                                     **({"attention": attention} if attention is not None else {})})
+            print(json.dumps(res["shardline"][-1]), flush=True)
+    triton_attention.DECODE_CONFIG = default_attention
     if "prefill" not in skip:
         ms, tf = prefill_tflops(pipeline)
         res["prefill_2048"] = {"ms": round(ms, 2), "linear_TFLOPs": round(tf, 1)}
