@@ -196,7 +196,7 @@ def main() -> None:
         for attention in (args.attention_configs or [None]) * (2 if args.attention_configs else 1):
             if attention is not None:  # new tiles: the step's graphs are captured again
                 triton_attention.DECODE_CONFIG = dict(default_attention, **attention)
-                pipeline.engines[0].graphs.graphs.clear()
+                pipeline.engines[0].graphs.reset()
             ms = decode_ms_per_step(pipeline, b)
             gpu_ms = graph_replay_ms(pipeline, b)
             res["shardline"].append({"batch": b, "decode_ms_per_step": round(ms, 3), "tok_s": round(b * 1e3 / ms, 1),

@@ -50,6 +50,13 @@ class CudaGraphRunner:
         self.pool = None
         self.num_replays = 0
 
+    def reset(self) -> None:
+        """Drop every captured graph and their memory pool: the next steps capture again (after a
+        kernel's tiles change, e.g. `decode_bench.py --attention-configs`)."""
+        self.graphs.clear()
+        self.pool = None
+        torch.cuda.synchronize(self.device)
+
     def buckets(self, num_seqs: int, max_seq_len: int) -> tuple[int, int] | None:
         """The graph a decode step of `num_seqs` sequences (longest `max_seq_len`) replays, or None."""
         bi = bisect.bisect_left(self.batch_buckets, num_seqs)

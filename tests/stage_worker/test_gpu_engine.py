@@ -119,3 +119,16 @@ def test_two_tp_ranks_on_two_gpus_match_the_cpu_ranks_and_exit(tmp_path, tiny_hf
     want = generate_local(tmp_path / "tp2", PROMPTS, sampling, EngineConfig(num_blocks=64))
     got = generate_local(tmp_path / "tp2", PROMPTS, sampling, EngineConfig(device="cuda", num_blocks=64))
     assert got == want
+
+
+def test_graphs_recaptured_after_reset_give_the_same_tokens(models):
+    """`CudaGraphRunner.reset` (used to A/B kernel tiles) drops graphs and pool; the steps after it
+    capture again and generate what the first graphs did."""
+    fast = LocalPipeline(models / "bf16", config=GPU)
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    first = fast.generate(PROMPTS, params)
+    runner = fast.engines[0].graphs
+    runner.reset()
+    assert not runner.graphs and runner.pool is None
+    assert fast.generate(PROMPTS, params) == first
+    assert runner.graphs, "the steps after the reset captured their graphs again"
