@@ -274,9 +274,11 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_p
              out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dmask[None, :])
 
 
-# H200, batch 64 (`kernels_bench.py --only decode --sweep --decode-shapes 64x192,64x256`, 2026-11-30):
-# three stages 17.4 / 22.0 us at context 192 / 256 against 19.2 / 24.0 with two.
-DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=3)
+# Two stages. Alone, the kernel ran faster with three (H200, batch 64, `kernels_bench.py --only decode
+# --sweep --decode-shapes 64x192,64x256`, 2026-11-30: 17.4 / 22.0 us at context 192 / 256 against
+# 19.2 / 24.0), but in the engine's step three cost 0.15-0.19 ms at batch 64 and 0.06 at batch 16
+# (`decode_bench.py --attention-configs`, docs/benchmarks.md): time tiles in the step, not alone.
+DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=2)
 
 
 def _num_splits(num_programs: int, max_ctx: int, num_sms: int, min_tokens: int = 64) -> int:

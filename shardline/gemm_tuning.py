@@ -45,6 +45,14 @@ TRITON_CONFIGS_WIDE = [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num
                            (128, 256, 1, 8, 2), (128, 256, 2, 8, 2))]
 
 
+def streamk_candidates(m: int) -> list[dict]:
+    """The stream-K kernel's tiles (kernels/triton_streamk.py): its default, with TMA loads, and
+    with the PDL prefetch off."""
+    from shardline.kernels.triton_streamk import default_config
+    base = default_config(m, False, 2)
+    return [base, dict(base, TMA=1, PREFETCH=0), dict(base, PREFETCH=0)]
+
+
 def triton_candidates(m: int) -> list[dict]:
     """The split-K Triton tiles timed at M = m: none above SMALL_M_MAX (64), where the product is
     compute-bound and cuBLAS is the choice."""
@@ -91,7 +99,7 @@ def key(n: int, k: int, w_dtype: torch.dtype, x_dtype: torch.dtype) -> str:
 @dataclass
 class GemmTable:
     gpu: str
-    # key -> {M: {"impl": "cublas" | "triton", "config": {...}, "us": float, "cublas_us": float}}
+    # key -> {M: {"impl": "cublas" | "triton" | "streamk" | "gemv", "config": {...}, "us": float, "cublas_us": float}}
     entries: dict[str, dict[int, dict]] = field(default_factory=dict)
 
     def choice(self, n: int, k: int, w_dtype: torch.dtype, x_dtype: torch.dtype, m: int) -> dict | None:
@@ -199,6 +207,9 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
             reference = default(0)
             candidates = [("triton", cfg, lambda i, c=cfg: quant.small_m_linear(x, ws[i], scale, None, c), reference)
                           for cfg in triton_candidates(m)]
+            if 1 < m <= quant.STREAMK_MAX_M and x.dtype in (torch.float16, torch.bfloat16):
+                candidates += [("streamk", cfg, lambda i, c=cfg: quant.streamk_linear(x, ws[i], scale, None, False, c),
+                                reference) for cfg in streamk_candidates(m)]
             if gemv.fits(x, w) and name in GEMV_FUSION:
                 run_gemv, gemv_reference = _gemv_runner(x, ws, scale, *GEMV_FUSION[name])
                 candidates += [("gemv", cfg, lambda i, c=cfg: run_gemv(i, c), gemv_reference) for cfg in GEMV_CONFIGS

@@ -93,3 +93,20 @@ def test_a_candidate_must_agree_with_the_reference_to_be_timed():
     nan[0, 0] = float("nan")
     assert not agrees(nan, ref)
     assert not agrees(ref[:, :299], ref), "a wrong shape"
+
+
+def test_a_streamk_choice_runs_the_streamk_op(monkeypatch):
+    """A table entry {"impl": "streamk"} sends the product through quant.streamk_linear (its
+    reference on the CPU), with the entry's tiles, and computes the plain linear."""
+    from shardline.kernels import quant
+    from shardline.model.layers import Linear
+    w, bias = torch.randn(96, 64), torch.randn(96)
+    lin = Linear(w, bias)
+    lin.gemms = GemmTable("test GPU", {key(96, 64, torch.float32, torch.float32): {
+        16: {"impl": "streamk", "config": {"BLOCK_N": 64}}}})
+    seen = []
+    real = quant.streamk_linear
+    monkeypatch.setattr(quant, "streamk_linear", lambda *a, **kw: seen.append(kw["config"]) or real(*a, **kw))
+    x = torch.randn(5, 64)
+    torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, w, bias))
+    assert seen == [{"BLOCK_N": 64}]

@@ -44,6 +44,8 @@ class Linear:
             return gemv.fused_linear(x, self.weight, self.scale, bias, config=choice and choice["config"])[0]
         if choice is not None and choice["impl"] == "triton":
             return quant.small_m_linear(x, self.weight, self.scale, bias, choice["config"])
+        if choice is not None and choice["impl"] == "streamk":
+            return quant.streamk_linear(x, self.weight, self.scale, bias, config=choice["config"])
         if self.scale is not None:
             return quant.quantized_linear(x, self.weight, self.scale, bias)
         return F.linear(x, self.weight, bias)
