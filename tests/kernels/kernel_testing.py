@@ -44,3 +44,22 @@ def skip_interpreted_bf16_dot(device: str, dtype: torch.dtype) -> None:
     """Triton's interpreter runs tl.dot on bf16 as a matmul of the raw uint16 bit patterns."""
     if device != "cuda" and dtype == torch.bfloat16:
         pytest.skip("bf16 tl.dot is wrong in Triton's interpreter; checked on the GPU only")
+
+
+def assert_graph_replays_deterministic(fn, x: torch.Tensor, reference, what: str) -> None:
+    """fn(x), captured in a CUDA graph after one eager call (which compiles and allocates any
+    workspace outside the capture), replays bit-identical to the eager output, and on new input
+    in x matches reference(x)."""
+    first = fn(x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(x)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, first), f"{what}: a replay differs from the eager call (summation order)"
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, reference(x), f"{what} replayed on new input")

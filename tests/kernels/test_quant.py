@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_testing import assert_close, skip_interpreted_bf16_dot
+from kernel_testing import assert_close, assert_graph_replays_deterministic, skip_interpreted_bf16_dot
 from shardline.kernels import _dispatch
 from shardline.kernels.quant import quantize_fp8_ref, quantize_int8_ref, quantized_linear, quantized_linear_ref
 
@@ -94,19 +94,8 @@ def test_int8_linear_split_k_is_deterministic_and_graph_capturable(device):
     if device != "cuda":
         pytest.skip("CUDA graphs need a GPU")
     x, q, scale, _ = _problem(1, 4096, 4096, torch.bfloat16, device, False)
-    first = quantized_linear(x, q, scale)  # compiles and allocates the counters outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = quantized_linear(x, q, scale)
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, first), "split-K partials are summed in a fixed order"
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert_close(out, quantized_linear_ref(x, q, scale), "quantized_linear replayed on new input")
+    assert_graph_replays_deterministic(lambda x: quantized_linear(x, q, scale), x,
+                                       lambda x: quantized_linear_ref(x, q, scale), "split-K quantized_linear")
 
 
 @pytest.mark.gpu

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_testing import assert_close, skip_interpreted_bf16_dot
+from kernel_testing import assert_close, assert_graph_replays_deterministic, skip_interpreted_bf16_dot
 from shardline.kernels import _dispatch, activation
 from shardline.kernels.quant import quantize_fp8_ref, quantize_int8_ref, streamk_linear
 from shardline.kernels.quant import streamk_linear_ref as _reference
@@ -81,19 +81,8 @@ def test_streamk_is_deterministic_and_graph_capturable(device):
         pytest.skip("CUDA graphs need a GPU")
     from shardline.kernels.triton_streamk import streamk_linear_triton
     x, w, _, _ = _problem(64, 4096, 4096, torch.bfloat16, device, "x", False, False)
-    first = streamk_linear_triton(x, w)  # compiles and allocates the counters outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = streamk_linear_triton(x, w)
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, first), "partials are summed in program order"
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert_close(out, torch.nn.functional.linear(x, w), "stream-K replayed on new input")
+    assert_graph_replays_deterministic(lambda x: streamk_linear_triton(x, w), x,
+                                       lambda x: torch.nn.functional.linear(x, w), "stream-K")
 
 
 def test_streamk_rejects_what_it_cannot_run():
