@@ -1,6 +1,7 @@
 """The decode linears of a Llama-3-8B stack at batch 16-64, as one CUDA graph: cuBLAS, the tuned
 table's choices (cuBLAS or the tiled split-K Triton kernel, as `tune-gemm` picked them) and the
-stream-K kernel (kernels/triton_streamk.py, SwiGLU fused), each against the copy bandwidth.
+stream-K kernel (kernels/triton_streamk.py, SwiGLU fused), each against the copy bandwidth;
+"tuned+triton" runs the split-K Triton kernel where the table chose cuBLAS.
 
     python benchmarks/skinny_bench.py [--batch 64] [--layers 32] [--sweep] [--per-linear]
         [--gemm-config benchmarks/results/gemm-h200-decode.json]
@@ -22,6 +23,8 @@ import torch.nn.functional as F
 from benchmarks.gemv_bench import make_layers, time_graph
 from shardline.gemm_tuning import GemmTable, agrees
 from shardline.kernels import _dispatch, activation, norm, quant
+from shardline.kernels._dispatch import sm_count
+from shardline.kernels.triton_quant import default_config as default_small_m
 from shardline.kernels.triton_streamk import default_config, streamk_linear_triton
 
 H, I = 4096, 14336
@@ -46,11 +49,15 @@ def cublas_glu(x, w):
     return activation.silu_and_mul(F.linear(x, w))
 
 
-def tuned(table: GemmTable):
+def tuned(table: GemmTable, all_triton: bool = False):
+    """The table's choices; with `all_triton`, the split-K Triton kernel (default tiles) where the
+    table chose cuBLAS: Triton's launches overlap through PDL, cuBLAS's do not."""
     def linear(name, x, w):
         c = table.choice(*w.shape, w.dtype, x.dtype, x.shape[0])
         if c is not None and c["impl"] == "triton":
             return quant.small_m_linear(x, w, None, None, c["config"])
+        if all_triton:
+            return quant.small_m_linear(x, w, None, None, default_small_m(x.shape[0], *w.shape, sm_count(x)))
         return F.linear(x, w)
     return linear, lambda x, w: activation.silu_and_mul(linear("up", x, w))
 
@@ -130,6 +137,7 @@ def main() -> None:
     run("cublas", (cublas, cublas_glu))
     if table is not None:
         run("tuned table", tuned(table))
+        run("tuned+triton", tuned(table, all_triton=True))
     run("stream-K", streamk(None, None))
     fixed = len(rows)
     if args.sweep:

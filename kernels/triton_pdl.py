@@ -4,7 +4,8 @@ A kernel launched with PDL may be scheduled while the kernel before it is still 
 then wait (`gdc_wait`) before it touches anything that kernel writes. Every decode-path kernel
 calls `pdl_wait` first and then lets its own successor launch, so at most one kernel waits ahead
 and each boundary costs the wait, not a full drain-and-launch. The GEMV goes further: it starts
-streaming its weights before the wait (triton_gemv.py).
+streaming its weights before the wait (triton_gemv.py); the small-M and stream-K GEMMs ask L2
+for their first weight tiles there (`prefetch_l2`).
 """
 
 import triton
@@ -16,3 +17,11 @@ def pdl_wait(USE_PDL: tl.constexpr):
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """Ask L2 for the lines at `ptrs` (one pointer per 128-byte line); nothing comes back. A kernel
+    launched with PDL calls it on weights, which no earlier kernel writes, before its wait."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)

@@ -11,8 +11,10 @@ Bandwidth needs many tiles in flight, and a [4096, K] weight cut into BLOCK_N=64
 64 programs for 132 multiprocessors; so K is split too (SPLIT_K programs per output tile). Each
 split writes its fp32 partial to a workspace and bumps the tile's counter; the split that arrives
 last sums the partials in a fixed order (deterministic), runs the epilogue and resets the counter
-to zero for the next call. One launch, no host synchronisation: safe to capture in a CUDA graph
-(warm up before capturing, so that the counters are allocated outside the capture). Calls that
+to zero for the next call. Launched with PDL on Hopper (`_dispatch.use_pdl`): each program asks
+L2 for its first weight tile, then waits for the kernel before. One launch, no host
+synchronisation: safe to capture in a CUDA graph (warm up before capturing, so that the counters
+are allocated outside the capture). Calls that
 share a device must be ordered (one stream), as the counters are shared.
 """
 
@@ -22,6 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ._dispatch import pdl_args
+from .triton_pdl import prefetch_l2
+
 
 @triton.jit
 def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
@@ -29,7 +34,8 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, co
                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
                         DOT_PRECISION: tl.constexpr,
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
+                        BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
+                        USE_PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -40,6 +46,13 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, co
     k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
+    if USE_PDL:  # the weights depend on no earlier kernel: the first tile heads for L2, then wait
+        if PREFETCH:
+            rows = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn
+            cols = tl.minimum(k_lo + tl.arange(0, BLOCK_K // LINE) * LINE, K - 1)
+            prefetch_l2(w_ptr + rows[:, None] + cols[None, :])
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_lo + offs_k)[None, :]
     m_mask = offs_m[:, None] < M
@@ -143,6 +156,7 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     assert w.stride(-1) == 1, "weight rows must be contiguous"
     cfg = dict(config or default_config(M, N, K, sm_count(x)))
     block_m, split_k = cfg.pop("BLOCK_M", 16 if M <= 16 else 64), cfg.pop("SPLIT_K", 1)
+    cfg.setdefault("PREFETCH", 1)
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0:
         return out.view(*x.shape[:-1], N)
@@ -160,5 +174,6 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
                               HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8,
                               EVEN_K=K % cfg["BLOCK_K"] == 0,
                               DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                              SPLIT_K=split_k, BLOCK_M=block_m, **cfg)
+                              SPLIT_K=split_k, BLOCK_M=block_m,
+                              LINE=min(128 // w.element_size(), cfg["BLOCK_K"]), **cfg, **pdl_args(x2))
     return out.view(*x.shape[:-1], N)

@@ -35,16 +35,10 @@ import triton
 import triton.language as tl
 
 from ._dispatch import pdl_args, sm_count
+from .triton_pdl import prefetch_l2
 from .triton_quant import _tile_counters
 
 from .quant import STREAMK_MAX_M as MAX_M
-
-
-@triton.jit
-def _prefetch_l2(ptrs):
-    """Ask L2 for the lines at `ptrs` (one pointer per 128-byte line); nothing comes back."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -107,9 +101,9 @@ def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_
             rows = tl.minimum(tile * BLOCK_N + offs_bn, N - 1).to(tl.int64) * stride_wn
             cols = (it - tile * k_tiles) * BLOCK_K + tl.arange(0, BLOCK_K // LINE) * LINE
             cols = tl.minimum(cols, K - 1)
-            _prefetch_l2(w_ptr + rows[:, None] + cols[None, :])
+            prefetch_l2(w_ptr + rows[:, None] + cols[None, :])
             if GLU:
-                _prefetch_l2(w_ptr + up_rows + rows[:, None] + cols[None, :])
+                prefetch_l2(w_ptr + up_rows + rows[:, None] + cols[None, :])
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
