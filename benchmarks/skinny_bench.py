@@ -1,7 +1,8 @@
 """The decode linears of a Llama-3-8B stack at batch 16-64, as one CUDA graph: cuBLAS, the tuned
 table's choices (cuBLAS or the tiled split-K Triton kernel, as `tune-gemm` picked them) and the
 stream-K kernel (kernels/triton_streamk.py, SwiGLU fused), each against the copy bandwidth;
-"tuned+triton" runs the split-K Triton kernel where the table chose cuBLAS.
+"tuned+triton" runs the split-K Triton kernel where the table chose cuBLAS, and "tuned, SwiGLU
+kernel" the activation as a kernel of its own after the gate/up product.
 
     python benchmarks/skinny_bench.py [--batch 64] [--layers 32] [--sweep] [--per-linear]
         [--gemm-config benchmarks/results/gemm-h200-decode.json]
@@ -49,9 +50,11 @@ def cublas_glu(x, w):
     return activation.silu_and_mul(F.linear(x, w))
 
 
-def tuned(table: GemmTable, all_triton: bool = False):
-    """The table's choices; with `all_triton`, the split-K Triton kernel (default tiles) where the
-    table chose cuBLAS: Triton's launches overlap through PDL, cuBLAS's do not."""
+def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True):
+    """The table's choices, SwiGLU in the gate/up product's epilogue where it runs the split-K
+    kernel (as the engine runs them; `fuse_glu=False`: the activation kernel after it); with
+    `all_triton`, the split-K kernel (default tiles) where the table chose cuBLAS too: Triton's
+    launches overlap through PDL, cuBLAS's do not."""
     def linear(name, x, w):
         c = table.choice(*w.shape, w.dtype, x.dtype, x.shape[0])
         if c is not None and c["impl"] == "triton":
@@ -59,7 +62,13 @@ def tuned(table: GemmTable, all_triton: bool = False):
         if all_triton:
             return quant.small_m_linear(x, w, None, None, default_small_m(x.shape[0], *w.shape, sm_count(x)))
         return F.linear(x, w)
-    return linear, lambda x, w: activation.silu_and_mul(linear("up", x, w))
+
+    def glu_linear(x, w):
+        c = table.choice(*w.shape, w.dtype, x.dtype, x.shape[0])
+        if fuse_glu and c is not None and c["impl"] == "triton":
+            return quant.small_m_linear(x, w, None, None, c["config"], glu=True)
+        return activation.silu_and_mul(linear("up", x, w))
+    return linear, glu_linear
 
 
 def streamk(c: dict | None, c_glu: dict | None):
@@ -137,6 +146,7 @@ def main() -> None:
     run("cublas", (cublas, cublas_glu))
     if table is not None:
         run("tuned table", tuned(table))
+        run("tuned, SwiGLU kernel", tuned(table, fuse_glu=False))
         run("tuned+triton", tuned(table, all_triton=True))
     run("stream-K", streamk(None, None))
     fixed = len(rows)
@@ -145,11 +155,11 @@ def main() -> None:
             run("stream-K", streamk(c, c_glu), [c, c_glu])
     print(f"\n{torch.cuda.get_device_name()}: {args.layers} layers of decode linears, batch {args.batch}, "
           f"bf16 weights ({nbytes / 1e9:.2f} GB); norms and SwiGLU included")
-    print(f"{'variant':<12} {'ms':>8} {'GB/s':>8} {'vs cublas':>9}  tiles (WRONG: output differs from cuBLAS)")
+    print(f"{'variant':<21} {'ms':>8} {'GB/s':>8} {'vs cublas':>9}  tiles (WRONG: output differs from cuBLAS)")
     base = rows[0]["ms"]
     for r in rows[:fixed] + sorted(rows[fixed:], key=lambda r: r["ms"]):
         tiles = "" if r["tiles"] is None else ",".join(f"{k}={v}" for k, v in r["tiles"][0].items())
-        print(f"{r['variant']:<12} {r['ms']:>8.3f} {r['weight_GBps']:>8.0f} {base / r['ms']:>8.2f}x  {tiles}"
+        print(f"{r['variant']:<21} {r['ms']:>8.3f} {r['weight_GBps']:>8.0f} {base / r['ms']:>8.2f}x  {tiles}"
               f"{'' if r['agrees'] else '  WRONG'}")
     if args.per_linear:
         per_linear(layers, args.batch, table)

@@ -19,6 +19,20 @@ def quantized_linear_ref(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor
     return torch.nn.functional.linear(x, w, bias)
 
 
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
+    """The reference of the decode GEMMs: the product (dequantised when `scale` is given), then
+    with `glu` silu(gate) * up of the fused [gate; up] output."""
+    from .activation import silu_and_mul_ref
+    y = quantized_linear_ref(x, weight, scale, bias) if scale is not None else torch.nn.functional.linear(x, weight, bias)
+    return silu_and_mul_ref(y) if glu else y
+
+
+def _check_glu(weight: torch.Tensor, glu: bool) -> None:
+    if glu and weight.shape[0] % 2:
+        raise ValueError(f"glu needs the fused [gate; up] weight, an even row count; got {weight.shape[0]} rows")
+
+
 FP8_MAX = 448.0  # the largest float8_e4m3fn
 
 
@@ -62,25 +76,17 @@ def quantized_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor,
 
 
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
-                   bias: torch.Tensor | None, config: dict) -> torch.Tensor:
+                   bias: torch.Tensor | None, config: dict, glu: bool = False) -> torch.Tensor:
     """The split-K small-M kernel with a tuned `config` (shardline tune-gemm), for int8 or fp8
-    (with scale) or x-dtype weights; the plain product where Triton does not run."""
+    (with scale) or x-dtype weights; the plain product where Triton does not run. With `glu`,
+    W is the fused [gate; up] projection and the result silu(gate) * up."""
+    _check_glu(weight, glu)
     if use_triton(x):
         from .triton_quant import small_m_linear_triton
-        return small_m_linear_triton(x, weight, scale, bias, config)
-    if scale is not None:
-        return quantized_linear_ref(x, weight, scale, bias)
-    return torch.nn.functional.linear(x, weight, bias)
-
+        return small_m_linear_triton(x, weight, scale, bias, config, glu)
+    return linear_ref(x, weight, scale, bias, glu)
 
 STREAMK_MAX_M = 64  # above this a decode product is compute-bound: cuBLAS
-
-
-def streamk_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
-                       bias: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
-    from .activation import silu_and_mul_ref
-    y = quantized_linear_ref(x, weight, scale, bias) if scale is not None else torch.nn.functional.linear(x, weight, bias)
-    return silu_and_mul_ref(y) if glu else y
 
 
 def streamk_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
@@ -91,9 +97,8 @@ def streamk_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
     if rows > STREAMK_MAX_M:
         raise ValueError(f"the stream-K kernel takes at most {STREAMK_MAX_M} rows, got {rows}: "
                          "use cuBLAS (torch.nn.functional.linear) above that")
-    if glu and weight.shape[0] % 2:
-        raise ValueError(f"glu needs the fused [gate; up] weight, an even row count; got {weight.shape[0]} rows")
+    _check_glu(weight, glu)
     if use_triton(x) and x.dtype in (torch.float16, torch.bfloat16):
         from .triton_streamk import streamk_linear_triton
         return streamk_linear_triton(x, weight, scale, bias, glu, config)
-    return streamk_linear_ref(x, weight, scale, bias, glu)
+    return linear_ref(x, weight, scale, bias, glu)

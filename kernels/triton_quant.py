@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import pdl_args
+from .activation import silu_and_mul
 from .triton_pdl import prefetch_l2
 
 
@@ -32,16 +33,19 @@ from .triton_pdl import prefetch_l2
 def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
                         stride_xm, stride_wn, stride_om,
                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr, GLU: tl.constexpr,
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
                         USE_PDL: tl.constexpr):
+    """GLU: w is the fused [gate; up] projection [2N, K]; the program's tile is BLOCK_N gate rows
+    and the BLOCK_N up rows N below them, and it writes silu(gate) * up [M, N]."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
+    up_rows = N * stride_wn
     # This split's share of K, in whole BLOCK_K tiles.
     k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
     k_lo = pid_k * k_per_split
@@ -51,6 +55,8 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, co
             rows = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn
             cols = tl.minimum(k_lo + tl.arange(0, BLOCK_K // LINE) * LINE, K - 1)
             prefetch_l2(w_ptr + rows[:, None] + cols[None, :])
+            if GLU:
+                prefetch_l2(w_ptr + up_rows + rows[:, None] + cols[None, :])
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
@@ -58,6 +64,7 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, co
     m_mask = offs_m[:, None] < M
     n_mask = offs_n[:, None] < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
             x = tl.load(x_ptrs, mask=m_mask, other=0.0)
@@ -69,39 +76,67 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, co
         if FP8:  # fp8 weights arrive as their bytes (a masked load cannot fill fp8 with a zero)
             w = w.to(tl.float8e4nv, bitcast=True)
         acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=DOT_PRECISION)
+        if GLU:
+            if EVEN_K:
+                u = tl.load(w_ptrs + up_rows, mask=n_mask, other=0)
+            else:
+                u = tl.load(w_ptrs + up_rows, mask=n_mask & ((k0 + offs_k[None, :]) < k_hi), other=0)
+            if FP8:
+                u = u.to(tl.float8e4nv, bitcast=True)
+            acc_up = tl.dot(x, tl.trans(u.to(x.dtype)), acc_up, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    out_mask = m_mask & (offs_n[None, :] < N)
     if SPLIT_K > 1:
+        out_mask = m_mask & (offs_n[None, :] < N)
         tile_offs = offs_m[:, None] * N + offs_n[None, :]
-        tl.store(part_ptr + pid_k * M * N + tile_offs, acc, mask=out_mask)
+        PARTS: tl.constexpr = 2 if GLU else 1  # part is [SPLIT_K, PARTS, M, N]
+        tl.store(part_ptr + pid_k * PARTS * M * N + tile_offs, acc, mask=out_mask)
+        if GLU:
+            tl.store(part_ptr + (pid_k * PARTS + 1) * M * N + tile_offs, acc_up, mask=out_mask)
         tl.debug_barrier()  # every thread's partial is written before the counter moves
         tile = pid_m * tl.num_programs(0) + pid_n
         arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:  # the last split of this tile reduces
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for s in tl.static_range(SPLIT_K):
-                acc += tl.load(part_ptr + s * M * N + tile_offs, mask=out_mask, other=0.0,
+                acc += tl.load(part_ptr + s * PARTS * M * N + tile_offs, mask=out_mask, other=0.0,
                                cache_modifier=".cg")
+                if GLU:
+                    acc_up += tl.load(part_ptr + (s * PARTS + 1) * M * N + tile_offs, mask=out_mask, other=0.0,
+                                      cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + tile, 0)
-            _epilogue(acc, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, N, stride_om, out_mask,
-                      HAS_SCALE, HAS_BIAS)
+            epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
+                     HAS_SCALE, HAS_BIAS, GLU)
     else:
-        _epilogue(acc, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, N, stride_om, out_mask, HAS_SCALE,
-                  HAS_BIAS)
+        epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_SCALE,
+                 HAS_BIAS, GLU)
 
 
 @triton.jit
-def _epilogue(acc, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, N, stride_om, out_mask,
-              HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
+def epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
+             HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr):
+    """out[offs_m, offs_n] = acc [* scale] [+ bias]; with GLU, silu(that) * (acc_up [* scale] [+ bias])
+    where scale and bias of the up rows sit N entries on. Rounds where the unfused path (the
+    product, then activation.silu_and_mul) rounds. Shared by the stream-K kernel."""
+    n_mask = offs_n < N
+    dtype = out_ptr.dtype.element_ty
     y = acc
     if HAS_SCALE:
-        scale = tl.load(scale_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
-        y = acc * scale[None, :]
+        y = y * tl.load(scale_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
-        y += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
-             y.to(out_ptr.dtype.element_ty), mask=out_mask)
+        y += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if GLU:
+        u = acc_up
+        if HAS_SCALE:
+            u = u * tl.load(scale_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if HAS_BIAS:
+            u += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        g = y.to(dtype).to(tl.float32)
+        silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+        y = silu * u.to(dtype).to(tl.float32)
+    mask = (offs_m[:, None] < M) & n_mask[None, :]
+    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :], y.to(dtype), mask=mask)
 
 
 SMALL_M_MAX = 64  # above this the product is compute-bound: dequantise once and use cuBLAS
@@ -140,29 +175,37 @@ def quantized_linear_triton(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Ten
 
 
 def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
-                          bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+                          bias: torch.Tensor | None = None, config: dict | None = None,
+                          glu: bool = False) -> torch.Tensor:
     """`w` [N, K] is int8 or fp8 with `scale`, or x's dtype with scale None (then `config` is
-    required: the caller chose this kernel over cuBLAS by timing it)."""
+    required: the caller chose this kernel over cuBLAS by timing it). With `glu`, w is the fused
+    [gate; up] projection [2N, K] and the output silu(gate) * up [.., N]; the tile holds
+    BLOCK_N / 2 rows of each half, so a config timed for the plain product streams the same bytes
+    a program."""
     from ._dispatch import sm_count
     N, K = w.shape
+    N = N // 2 if glu else N
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     if scale is not None and (M > SMALL_M_MAX or x.dtype == torch.float32) and config is None:
         # Compute-bound (or fp32, whose exact dot spills): dequantise and let cuBLAS multiply.
         w = w.to(x.dtype) * scale.to(x.dtype)[:, None]
-        return torch.nn.functional.linear(x, w, bias)
+        y = torch.nn.functional.linear(x, w, bias)
+        return silu_and_mul(y) if glu else y
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     assert w.stride(-1) == 1, "weight rows must be contiguous"
-    cfg = dict(config or default_config(M, N, K, sm_count(x)))
+    cfg = dict(config or default_config(M, 2 * N if glu else N, K, sm_count(x)))
     block_m, split_k = cfg.pop("BLOCK_M", 16 if M <= 16 else 64), cfg.pop("SPLIT_K", 1)
+    if glu:
+        cfg["BLOCK_N"] = max(cfg["BLOCK_N"] // 2, 16)
     cfg.setdefault("PREFETCH", 1)
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0:
         return out.view(*x.shape[:-1], N)
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m), split_k)
     if split_k > 1:
-        part = torch.empty((split_k, M, N), dtype=torch.float32, device=x.device)
+        part = torch.empty((split_k, 2 if glu else 1, M, N), dtype=torch.float32, device=x.device)
         counters = _tile_counters(x.device, grid[0] * grid[1])
     else:
         part, counters = out, out  # unused
@@ -173,7 +216,7 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
                               counters, M, N, K, x2.stride(0), w.stride(0), out.stride(0),
                               HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8,
                               EVEN_K=K % cfg["BLOCK_K"] == 0,
-                              DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+                              DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GLU=glu,
                               SPLIT_K=split_k, BLOCK_M=block_m,
                               LINE=min(128 // w.element_size(), cfg["BLOCK_K"]), **cfg, **pdl_args(x2))
     return out.view(*x.shape[:-1], N)

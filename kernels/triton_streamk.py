@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ._dispatch import pdl_args, sm_count
 from .triton_pdl import prefetch_l2
-from .triton_quant import _tile_counters
+from .triton_quant import _tile_counters, epilogue
 
 from .quant import STREAMK_MAX_M as MAX_M
 
@@ -51,29 +51,6 @@ def _program_start(p, total, P):
 def _owner(it, total, P):
     """The program whose range holds iteration `it`: the largest p with p*total // P <= it."""
     return ((it + 1) * P - 1) // total
-
-
-@triton.jit
-def _epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
-              HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr):
-    n_mask = offs_n < N
-    dtype = out_ptr.dtype.element_ty
-    y = acc
-    if HAS_SCALE:
-        y = y * tl.load(scale_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    if GLU:  # the unfused path rounds the product, then silu(gate), then silu * up
-        u = acc_up
-        if HAS_SCALE:
-            u = u * tl.load(scale_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        if HAS_BIAS:
-            u += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        g = y.to(dtype).to(tl.float32)
-        silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-        y = silu * u.to(dtype).to(tl.float32)
-    mask = (offs_m[:, None] < M) & n_mask[None, :]
-    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :], y.to(dtype), mask=mask)
 
 
 @triton.jit
@@ -153,7 +130,7 @@ def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_
             first = _owner(tile_lo, total, P)
             last = _owner(tile_lo + k_tiles - 1, total, P)
             if first == last:  # the whole tile: no partials
-                _epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
+                epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
                           HAS_SCALE, HAS_BIAS, GLU)
             else:
                 # Slot 2p holds program p's first segment, 2p + 1 its last (when they differ).
@@ -186,7 +163,7 @@ def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_
                 if GLU:
                     acc_up += tl.load(part_ptr + s * PART + BLOCK_M * BLOCK_N + part_tile, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + tile, 0)
-            _epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, tile * BLOCK_N + offs_bn, M, N,
+            epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, tile * BLOCK_N + offs_bn, M, N,
                       stride_om, HAS_SCALE, HAS_BIAS, GLU)
 
 

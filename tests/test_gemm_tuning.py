@@ -110,3 +110,22 @@ def test_a_streamk_choice_runs_the_streamk_op(monkeypatch):
     x = torch.randn(5, 64)
     torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, w, bias))
     assert seen == [{"BLOCK_N": 64}]
+
+
+def test_glu_takes_the_tables_triton_choice_with_swiglu_in_its_epilogue(monkeypatch):
+    """Linear.glu (the MLP's gate/up at batch > 1) runs the table's split-K choice with glu=True,
+    and computes silu(gate) * up of the product; without a table, the product then the activation."""
+    from shardline.kernels import activation, quant
+    from shardline.model.layers import Linear
+    w = torch.randn(192, 64)
+    lin = Linear(w)
+    x = torch.randn(5, 64)
+    want = activation.silu_and_mul_ref(torch.nn.functional.linear(x, w))
+    torch.testing.assert_close(lin.glu(x), want)
+    lin.gemms = GemmTable("test GPU", {key(192, 64, torch.float32, torch.float32): {
+        16: {"impl": "triton", "config": {"BLOCK_N": 64}}}})
+    seen = []
+    real = quant.small_m_linear
+    monkeypatch.setattr(quant, "small_m_linear", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    torch.testing.assert_close(lin.glu(x), want)
+    assert seen == [{"glu": True}]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from shardline.kernels import gemv, quant
+from shardline.kernels import activation, gemv, quant
 from shardline.parallel import TPGroup
 
 
@@ -49,6 +49,16 @@ class Linear:
         if self.scale is not None:
             return quant.quantized_linear(x, self.weight, self.scale, bias)
         return F.linear(x, self.weight, bias)
+
+    def glu(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of this fused [gate; up] projection: in the product's epilogue where the
+        table chose a Triton kernel for x's rows, else the product, then the activation kernel."""
+        choice = self._choice(x)
+        if choice is not None and choice["impl"] == "triton":
+            return quant.small_m_linear(x, self.weight, self.scale, self.bias, choice["config"], glu=True)
+        if choice is not None and choice["impl"] == "streamk":
+            return quant.streamk_linear(x, self.weight, self.scale, self.bias, glu=True, config=choice["config"])
+        return activation.silu_and_mul(self(x))
 
     def fused(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
               glu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

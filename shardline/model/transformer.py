@@ -102,8 +102,7 @@ class DecoderLayer:
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """Partial (pre-all-reduce, bias-free) MLP output [T, H]."""
-        h = self.up_proj(x)
-        h = activation.silu_and_mul(h) if self.is_glu else activation.gelu_tanh(h)
+        h = self.up_proj.glu(x) if self.is_glu else activation.gelu_tanh(self.up_proj(x))
         return self.down_proj(h, add_bias=False)
 
     def _decode(self, h: torch.Tensor, residual: torch.Tensor | None, meta: StepMetadata,

@@ -5,7 +5,8 @@ import torch
 
 from kernel_testing import assert_close, assert_graph_replays_deterministic, skip_interpreted_bf16_dot
 from shardline.kernels import _dispatch
-from shardline.kernels.quant import quantize_fp8_ref, quantize_int8_ref, quantized_linear, quantized_linear_ref
+from shardline.kernels.quant import (linear_ref, quantize_fp8_ref, quantize_int8_ref, quantized_linear,
+                                     quantized_linear_ref, small_m_linear)
 
 
 def test_quantized_linear_ref_matches_float64():
@@ -87,6 +88,32 @@ def test_int8_linear_split_k_configs(device, split_k, block_m, block_n, block_k,
     for attempt in range(2):  # the tile counters must be back at zero after each call
         assert_close(quantized_linear_triton(x, q, scale, bias, config=cfg), want,
                      f"quantized_linear {cfg}, call {attempt + 1}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("weights", ["x", "int8", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M,N,K", [(5, 96, 384), (64, 200, 400)])
+def test_small_m_linear_glu(device, split_k, weights, dtype, M, N, K):
+    """SwiGLU in the split-K kernel's epilogue: silu(gate) * up of the fused [gate; up] weight,
+    against the product and then the activation."""
+    skip_interpreted_bf16_dot(device, dtype)
+    if weights == "fp8" and device != "cuda":
+        pytest.skip("fp8 weights are checked on the GPU (Triton's interpreter has no e4m3)")
+    x = torch.randn(M, K, device=device, dtype=dtype)
+    w = torch.randn(2 * N, K, device=device) * 0.05
+    scale = None
+    if weights != "x":
+        w, scale = (quantize_int8_ref if weights == "int8" else quantize_fp8_ref)(w, dtype)
+    else:
+        w = w.to(dtype)
+    bias = torch.randn(2 * N, device=device, dtype=dtype) if M % 2 else None
+    cfg = dict(BLOCK_M=16 if M <= 16 else 64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=split_k, num_warps=4, num_stages=3)
+    want = linear_ref(x, w, scale, bias, glu=True)
+    for attempt in range(2):  # the tile counters must be back at zero after each call
+        assert_close(small_m_linear(x, w, scale, bias, cfg, glu=True), want,
+                     f"split-K glu {weights} split {split_k}, call {attempt + 1}")
 
 
 @pytest.mark.gpu

@@ -12,7 +12,7 @@ import torch
 from kernel_testing import assert_close, assert_graph_replays_deterministic, skip_interpreted_bf16_dot
 from shardline.kernels import _dispatch, activation
 from shardline.kernels.quant import quantize_fp8_ref, quantize_int8_ref, streamk_linear
-from shardline.kernels.quant import streamk_linear_ref as _reference
+from shardline.kernels.quant import linear_ref as _reference
 
 
 def _problem(M, N, K, dtype, device, weights, glu, with_bias):
