@@ -83,7 +83,7 @@ def sweep_configs(M: int) -> list[tuple[dict, dict]]:
             (128, 128, 4, 1, 0, 1), (128, 128, 3, 1, 0, 1), (128, 64, 6, 1, 0, 1), (64, 128, 4, 1, 0, 1),
             (256, 64, 4, 1, 0, 1), (128, 64, 3, 2, 0, 1), (128, 128, 4, 1, 0, 0), (128, 128, 4, 1, 2, 0),
             (128, 64, 6, 1, 0, 0)):
-        c = dict(default_config(M, False, 2), BLOCK_N=bn, BLOCK_K=bk, num_stages=stages, PROGRAMS_PER_SM=per_sm,
+        c = dict(default_config(M, False), BLOCK_N=bn, BLOCK_K=bk, num_stages=stages, PROGRAMS_PER_SM=per_sm,
                  PREFETCH=prefetch, TMA=tma)
         out.append((c, dict(c, BLOCK_N=c["BLOCK_N"] // 2)))
     return out
@@ -98,7 +98,7 @@ def per_linear(layers, M: int, table: GemmTable | None) -> None:
         x = torch.randn(M, k, device="cuda", dtype=torch.bfloat16)
         glu = name == "up"
         nbytes = sum(w.numel() * 2 for w in ws)
-        tma = dict(default_config(M, glu, 2), TMA=1, PREFETCH=0)
+        tma = dict(default_config(M, glu), TMA=1, PREFETCH=0)
         variants = {"cublas": lambda x, w: F.linear(x, w),
                     "stream-K": lambda x, w: streamk_linear_triton(x, w, glu=glu),
                     "stream-K TMA": lambda x, w: streamk_linear_triton(x, w, glu=glu, config=tma)}

@@ -17,7 +17,8 @@ one tile, whole tiles, and the head of another; the head and tail are partial su
 goes to a workspace slot and bumps its tile's counter; the last of the tile's programs to arrive
 sums the slots in program order (deterministic) and runs the epilogue once its own range is
 done, then zeroes the counter for the next call. (Every thread counts its own partial stores in
-with a release; a barrier and one count per program would serialise Triton's software pipeline.) One launch, no host synchronisation: CUDA-graph safe (warm up before capture).
+with a release; a barrier and one count per program would serialise Triton's software pipeline.)
+One launch, no host synchronisation: CUDA-graph safe (warm up before capture).
 
 Programmatic dependent launch (Hopper): the weights depend on no earlier kernel, so each program
 asks L2 for its first PREFETCH weight tiles before it waits for the kernel before it; its
@@ -26,6 +27,12 @@ pipeline then fills from L2 while the other multiprocessors still drain.
 GLU: W is the fused [gate; up] projection [2I, K]; each tile holds BLOCK_N gate rows and the
 BLOCK_N up rows I below them, and the epilogue writes silu(gate) * up [M, I], rounding where the
 unfused path (the product, then activation.silu_and_mul) rounds.
+
+Measured on the H200 (docs/benchmarks.md, 2026-11-30), it does not pay: pipelined, its loop
+streams at ~3.9 TB/s, but each launch spends ~5 us filling from DRAM and summing partials after
+the loop, more than cuBLAS and the split-K kernel lose to waves (batch-64 stack 4.66-4.84 ms
+against 4.17 for cuBLAS; batch 16 2.08 against 1.95). `shardline tune-gemm` times it among its
+candidates at 2-64 rows, so a GPU where it wins gets it; on the H200 it is chosen nowhere.
 """
 
 from __future__ import annotations
@@ -36,9 +43,8 @@ import triton.language as tl
 
 from ._dispatch import pdl_args, sm_count
 from .triton_pdl import prefetch_l2
-from .triton_quant import _tile_counters, epilogue
-
 from .quant import STREAMK_MAX_M as MAX_M
+from .triton_quant import _tile_counters, epilogue
 
 
 @triton.jit
@@ -71,7 +77,7 @@ def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_
     offs_bk = tl.arange(0, BLOCK_K)
     up_rows = N * stride_wn  # GLU: the up rows sit N rows below the gate rows
 
-    if USE_PDL & (PREFETCH > 0) & (not TMA):  # the weights depend on no earlier kernel: start them towards L2, then wait
+    if USE_PDL & (PREFETCH > 0) & (not TMA):  # the weights depend on no earlier kernel: towards L2
         for i in tl.static_range(PREFETCH):
             it = tl.minimum(lo + i, hi - 1)
             tile = it // k_tiles
@@ -131,7 +137,7 @@ def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_
             last = _owner(tile_lo + k_tiles - 1, total, P)
             if first == last:  # the whole tile: no partials
                 epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
-                          HAS_SCALE, HAS_BIAS, GLU)
+                         HAS_SCALE, HAS_BIAS, GLU)
             else:
                 # Slot 2p holds program p's first segment, 2p + 1 its last (when they differ).
                 slot = 2 * pid + (lo < tile_lo).to(tl.int32)
@@ -164,12 +170,13 @@ def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_
                     acc_up += tl.load(part_ptr + s * PART + BLOCK_M * BLOCK_N + part_tile, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + tile, 0)
             epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, tile * BLOCK_N + offs_bn, M, N,
-                      stride_om, HAS_SCALE, HAS_BIAS, GLU)
+                     stride_om, HAS_SCALE, HAS_BIAS, GLU)
 
 
-def default_config(M: int, glu: bool, w_bytes: int) -> dict:
+def default_config(M: int, glu: bool) -> dict:
     """Tiles of 32 KB of bf16 weights (16 KB of int8) per iteration, with 16 KB of x (BLOCK_M=64);
-    four stages in flight, one program per multiprocessor."""
+    four stages in flight, one program per multiprocessor: the best of the batch-64 sweep
+    (`benchmarks/skinny_bench.py --sweep`) but for TMA loads (a candidate of tune-gemm's)."""
     block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
     return dict(BLOCK_M=block_m, BLOCK_N=64 if glu else 128, BLOCK_K=128, num_warps=8 if block_m == 64 else 4,
                 num_stages=4, PROGRAMS_PER_SM=1, PREFETCH=4)
@@ -188,7 +195,7 @@ def streamk_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     assert w.stride(-1) == 1, "weight rows must be contiguous"
-    cfg = dict(config or default_config(M, glu, w.element_size()))
+    cfg = dict(config or default_config(M, glu))
     block_m = max(cfg.pop("BLOCK_M", 64), 16)
     cfg.setdefault("PREFETCH", 4)
     per_sm = cfg.pop("PROGRAMS_PER_SM", 1)

@@ -49,7 +49,7 @@ def streamk_candidates(m: int) -> list[dict]:
     """The stream-K kernel's tiles (kernels/triton_streamk.py): its default, with TMA loads, and
     with the PDL prefetch off."""
     from shardline.kernels.triton_streamk import default_config
-    base = default_config(m, False, 2)
+    base = default_config(m, False)
     return [base, dict(base, TMA=1, PREFETCH=0), dict(base, PREFETCH=0)]
 
 
