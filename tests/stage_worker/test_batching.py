@@ -73,3 +73,30 @@ def test_overlapped_decode_changes_no_token(one_stage):
     assert any(len(w) < p.max_tokens for w, p in zip(want, params)), "the test should include early stops"
     bm = overlapped.engines[0].block_manager
     assert bm.num_free_blocks == bm.num_blocks, "lookahead steps must not leak KV blocks"
+
+
+@pytest.mark.parametrize("impl", ["triton", "streamk"])
+def test_a_tuned_table_changes_no_token(converted, impl, monkeypatch):
+    """A `tune-gemm` table sending every linear of batches 2-64 to one kernel: the MLP's gate/up
+    goes through Linear.glu with SwiGLU in the product (the references on the CPU; the kernels in
+    test_gpu_engine.py), and greedy tokens stay those of the plain path."""
+    import torch
+
+    from shardline.gemm_tuning import GemmTable, key, linear_shapes
+    from shardline.kernels import quant
+    from shardline.manifest import Manifest
+
+    sampling = SamplingParams(max_tokens=12, ignore_eos=True)
+    config = EngineConfig(num_blocks=64)
+    want = LocalPipeline(converted, config=config).generate(PROMPTS[:4], sampling)
+    shapes = linear_shapes(Manifest.read(converted).model).values()
+    table = GemmTable("cpu", {key(n, k, torch.float32, torch.float32): {64: {"impl": impl, "config": {}}}
+                              for n, k in shapes})
+    tuned = LocalPipeline(converted, config=config)
+    for engine in tuned.engines:
+        engine.model.configure_gemms(table)
+    name = "small_m_linear" if impl == "triton" else "streamk_linear"
+    real, glu = getattr(quant, name), []
+    monkeypatch.setattr(quant, name, lambda *a, **kw: glu.append(kw.get("glu", False)) or real(*a, **kw))
+    assert tuned.generate(PROMPTS[:4], sampling) == want
+    assert any(glu) and not all(glu), "decode steps ran the table's kernel, SwiGLU fused into gate/up"

@@ -91,19 +91,50 @@ def test_greedy_64_steps_fp32_identical_to_unoptimised_path(models):
     assert got == unoptimised(models / "fp32", PROMPTS, 64), "fused kernels/graphs changed greedy tokens"
 
 
-def test_greedy_64_steps_bf16_are_reference_greedy_choices(models):
+def assert_reference_greedy_choices(model_dir, got) -> None:
     """In bf16 two correct kernels may round a near-tie differently, and a random tiny model has
     many near-ties; so every token the fast path picks must be the reference's argmax up to bf16
     rounding of the reference's own logits (teacher-forced on the fast path's tokens)."""
-    fast = LocalPipeline(models / "bf16", config=GPU)
-    got = fast.generate(PROMPTS, SamplingParams(max_tokens=64, ignore_eos=True))
-    refs = reference_logits(models / "bf16", [p + g[:-1] for p, g in zip(PROMPTS, got)])
+    refs = reference_logits(model_dir, [p + g[:-1] for p, g in zip(PROMPTS, got)])
     for p, g, ref in zip(PROMPTS, got, refs):
         rows = ref[len(p) - 1:]  # (64, V): the logits each generated token was drawn from
         chosen = rows.gather(1, torch.tensor(g)[:, None])[:, 0]
         slack = 0.03 * rows.abs().amax(dim=1) + 0.02
         bad = (chosen < rows.max(dim=1).values - slack).nonzero().flatten().tolist()
         assert not bad, f"steps {bad} picked a token the reference ranks clearly below its argmax"
+
+
+def test_greedy_64_steps_bf16_are_reference_greedy_choices(models):
+    fast = LocalPipeline(models / "bf16", config=GPU)
+    assert_reference_greedy_choices(models / "bf16", fast.generate(PROMPTS, SamplingParams(max_tokens=64,
+                                                                                           ignore_eos=True)))
+
+
+def _gemm_table(model_dir, path, dtype: torch.dtype, choice: dict) -> str:
+    """A `tune-gemm` table that sends every linear of the model, at up to 64 rows, to `choice`."""
+    from shardline.gemm_tuning import GemmTable, key, linear_shapes
+    from shardline.manifest import Manifest
+    shapes = linear_shapes(Manifest.read(model_dir).model).values()
+    GemmTable(torch.cuda.get_device_name(), {key(n, k, dtype, dtype): {64: choice} for n, k in shapes}).save(path)
+    return str(path)
+
+
+def test_tuned_split_k_with_fused_swiglu_keeps_fp32_greedy_tokens(models, tmp_path):
+    """Decode steps of 4 rows through the split-K kernel (PDL, SwiGLU in its epilogue where the MLP
+    is gated), as a tuned table sends batches 2-64: the unoptimised path's greedy tokens."""
+    table = _gemm_table(models / "fp32", tmp_path / "gemm.json", torch.float32, {"impl": "triton", "config": dict(
+        BLOCK_N=32, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=3)})
+    fast = LocalPipeline(models / "fp32", config=dataclasses.replace(GPU, gemm_config=table))
+    got = fast.generate(PROMPTS, SamplingParams(max_tokens=64, ignore_eos=True))
+    assert got == unoptimised(models / "fp32", PROMPTS, 64), "the tuned kernels changed greedy tokens"
+
+
+def test_tuned_stream_k_keeps_bf16_greedy_choices(models, tmp_path):
+    table = _gemm_table(models / "bf16", tmp_path / "gemm.json", torch.bfloat16, {"impl": "streamk", "config": dict(
+        BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=3, PROGRAMS=7)})
+    fast = LocalPipeline(models / "bf16", config=dataclasses.replace(GPU, gemm_config=table))
+    assert_reference_greedy_choices(models / "bf16", fast.generate(PROMPTS, SamplingParams(max_tokens=64,
+                                                                                           ignore_eos=True)))
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (one per TP rank); the gloo run "
