@@ -4,13 +4,14 @@ stream-K kernel (kernels/triton_streamk.py, SwiGLU fused), each against the copy
 "tuned+triton" runs the split-K Triton kernel where the table chose cuBLAS, and "tuned, SwiGLU
 kernel" the activation as a kernel of its own after the gate/up product.
 
-    python benchmarks/skinny_bench.py [--batch 64] [--layers 32] [--sweep] [--per-linear]
-        [--gemm-config benchmarks/results/gemm-h200-decode.json]
+    python -m benchmarks.skinny_bench [--batch 64] [--layers 32] [--sweep] [--per-linear]
+        [--gemm-config benchmarks/results/gemm-h200-decode.json [--sweep-qkv-o]]
 
 Per layer: RMSNorm -> qkv, o, RMSNorm -> gate/up -> SwiGLU -> down (attention left out: it reads
 no weights). --per-linear also times each linear alone (a graph of --layers launches of it on
 distinct weights, and the lm_head). --sweep times the stream-K kernel's candidate tiles in the
-stack. Every variant's output is checked against the cuBLAS stack's.
+stack; --sweep-qkv-o the split-K kernel's (tune-gemm's list) for qkv and o, the rest as tuned.
+Every variant's output is checked against the cuBLAS stack's.
 """
 
 from __future__ import annotations
@@ -50,12 +51,14 @@ def cublas_glu(x, w):
     return activation.silu_and_mul(F.linear(x, w))
 
 
-def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True):
+def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, qkv_o: dict | None = None):
     """The table's choices, SwiGLU in the gate/up product's epilogue where it runs the split-K
     kernel (as the engine runs them; `fuse_glu=False`: the activation kernel after it); with
     `all_triton`, the split-K kernel (default tiles) where the table chose cuBLAS too: Triton's
-    launches overlap through PDL, cuBLAS's do not."""
+    launches overlap through PDL, cuBLAS's do not. `qkv_o`: split-K tiles for qkv and o instead."""
     def linear(name, x, w):
+        if qkv_o is not None and name in ("qkv", "o"):
+            return quant.small_m_linear(x, w, None, None, qkv_o)
         c = table.choice(*w.shape, w.dtype, x.dtype, x.shape[0])
         if c is not None and c["impl"] == "triton":
             return quant.small_m_linear(x, w, None, None, c["config"])
@@ -122,6 +125,8 @@ def main() -> None:
     ap.add_argument("--gemm-config", help="a `shardline tune-gemm` table: its choices are the 'tuned' row")
     ap.add_argument("--sweep", action="store_true", help="time the stream-K kernel's candidate tiles")
     ap.add_argument("--per-linear", action="store_true", help="also time each linear alone")
+    ap.add_argument("--sweep-qkv-o", action="store_true",
+                    help="with --gemm-config: the table's choices, qkv and o on each split-K candidate tile")
     args = ap.parse_args()
     layers = make_layers(args.layers, "none")
     table = GemmTable.load(args.gemm_config, torch.device("cuda")) if args.gemm_config else None
@@ -153,6 +158,10 @@ def main() -> None:
     if args.sweep:
         for c, c_glu in sweep_configs(args.batch):
             run("stream-K", streamk(c, c_glu), [c, c_glu])
+    if args.sweep_qkv_o and table is not None:  # in the stack, where PDL overlaps them with their neighbours
+        from shardline.gemm_tuning import triton_candidates
+        for c in triton_candidates(args.batch):
+            run("tuned, qkv/o split-K", tuned(table, qkv_o=c), [c])
     print(f"\n{torch.cuda.get_device_name()}: {args.layers} layers of decode linears, batch {args.batch}, "
           f"bf16 weights ({nbytes / 1e9:.2f} GB); norms and SwiGLU included")
     print(f"{'variant':<21} {'ms':>8} {'GB/s':>8} {'vs cublas':>9}  tiles (WRONG: output differs from cuBLAS)")
