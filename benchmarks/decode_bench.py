@@ -164,6 +164,12 @@ def main() -> None:
                          'each batch is timed under each in turn, twice (graphs recaptured each time)')
     ap.add_argument("--out")
     args = ap.parse_args()
+    tiles = {"BLOCK_N", "num_warps", "num_stages"}
+    if args.attention_configs is not None and not (
+            isinstance(args.attention_configs, list)
+            and all(isinstance(c, dict) and set(c) <= tiles for c in args.attention_configs)):
+        ap.error(f"--attention-configs takes a JSON list of objects with keys from {sorted(tiles)}, "
+                 f'e.g. \'[{{"num_stages": 2}}, {{"num_stages": 3}}]\'; got {args.attention_configs!r}')
     global GEMM_CONFIG, OVERLAP
     GEMM_CONFIG, OVERLAP = args.gemm_config, args.overlap
     batches = [int(b) for b in args.batches.split(",")]

@@ -86,6 +86,7 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
         return small_m_linear_triton(x, weight, scale, bias, config, glu)
     return linear_ref(x, weight, scale, bias, glu)
 
+
 STREAMK_MAX_M = 64  # above this a decode product is compute-bound: cuBLAS
 
 

@@ -30,6 +30,35 @@ from .triton_pdl import prefetch_l2
 
 
 @triton.jit
+def load_tiles(x_ptrs, w_ptrs, up_rows, m_mask, n_mask, k_mask, EVEN_K: tl.constexpr, GLU: tl.constexpr):
+    """x [BLOCK_M, BLOCK_K] and the weight tile [BLOCK_N, BLOCK_K] (with GLU also the up tile,
+    `up_rows` elements on; else w again), zero outside the row masks and, unless EVEN_K, k_mask.
+    Shared by the split-K and stream-K kernels."""
+    x_mask, w_mask = m_mask, n_mask
+    if not EVEN_K:
+        x_mask, w_mask = m_mask & k_mask, n_mask & k_mask
+    x = tl.load(x_ptrs, mask=x_mask, other=0.0)
+    w = tl.load(w_ptrs, mask=w_mask, other=0)
+    u = w
+    if GLU:
+        u = tl.load(w_ptrs + up_rows, mask=w_mask, other=0)
+    return x, w, u
+
+
+@triton.jit
+def multiply_tiles(x, w, u, acc, acc_up, FP8: tl.constexpr, GLU: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """acc += x @ w.T (and acc_up += x @ u.T with GLU), the weights widened to x's dtype; fp8
+    weights arrive as their bytes (a masked load cannot fill fp8 with a zero)."""
+    if FP8:
+        w = w.to(tl.float8e4nv, bitcast=True)
+        u = u.to(tl.float8e4nv, bitcast=True)
+    acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=DOT_PRECISION)
+    if GLU:
+        acc_up = tl.dot(x, tl.trans(u.to(x.dtype)), acc_up, input_precision=DOT_PRECISION)
+    return acc, acc_up
+
+
+@triton.jit
 def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
                         stride_xm, stride_wn, stride_om,
                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
@@ -66,24 +95,8 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, co
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        if EVEN_K:
-            x = tl.load(x_ptrs, mask=m_mask, other=0.0)
-            w = tl.load(w_ptrs, mask=n_mask, other=0)
-        else:
-            k_mask = (k0 + offs_k[None, :]) < k_hi
-            x = tl.load(x_ptrs, mask=m_mask & k_mask, other=0.0)
-            w = tl.load(w_ptrs, mask=n_mask & k_mask, other=0)
-        if FP8:  # fp8 weights arrive as their bytes (a masked load cannot fill fp8 with a zero)
-            w = w.to(tl.float8e4nv, bitcast=True)
-        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=DOT_PRECISION)
-        if GLU:
-            if EVEN_K:
-                u = tl.load(w_ptrs + up_rows, mask=n_mask, other=0)
-            else:
-                u = tl.load(w_ptrs + up_rows, mask=n_mask & ((k0 + offs_k[None, :]) < k_hi), other=0)
-            if FP8:
-                u = u.to(tl.float8e4nv, bitcast=True)
-            acc_up = tl.dot(x, tl.trans(u.to(x.dtype)), acc_up, input_precision=DOT_PRECISION)
+        x, w, u = load_tiles(x_ptrs, w_ptrs, up_rows, m_mask, n_mask, (k0 + offs_k[None, :]) < k_hi, EVEN_K, GLU)
+        acc, acc_up = multiply_tiles(x, w, u, acc, acc_up, FP8, GLU, DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if SPLIT_K > 1:

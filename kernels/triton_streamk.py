@@ -28,10 +28,9 @@ GLU: W is the fused [gate; up] projection [2I, K]; each tile holds BLOCK_N gate 
 BLOCK_N up rows I below them, and the epilogue writes silu(gate) * up [M, I], rounding where the
 unfused path (the product, then activation.silu_and_mul) rounds.
 
-Measured on the H200 (docs/benchmarks.md, 2026-11-30), it does not pay: pipelined, its loop
-streams at ~3.9 TB/s, but each launch spends ~5 us filling from DRAM and summing partials after
-the loop, more than cuBLAS and the split-K kernel lose to waves (batch-64 stack 4.66-4.84 ms
-against 4.17 for cuBLAS; batch 16 2.08 against 1.95). `shardline tune-gemm` times it among its
+Measured on the H200 (docs/benchmarks.md, 2026-11-30), it does not pay: each launch loses 4-6 us
+to cuBLAS (batch-64 stack 4.66-4.84 ms against 4.17; batch 16 2.08 against 1.95), by our
+estimate to its ramp and to summing partials after the loop rather than to the loop itself. `shardline tune-gemm` times it among its
 candidates at 2-64 rows, so a GPU where it wins gets it; on the H200 it is chosen nowhere.
 """
 
@@ -44,7 +43,7 @@ import triton.language as tl
 from ._dispatch import pdl_args, sm_count
 from .triton_pdl import prefetch_l2
 from .quant import STREAMK_MAX_M as MAX_M
-from .triton_quant import _tile_counters, epilogue
+from .triton_quant import _tile_counters, epilogue, load_tiles, multiply_tiles
 
 
 @triton.jit
@@ -106,30 +105,15 @@ def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_
         if TMA:  # x_ptr and w_ptr are tensor descriptors: the copy engine fetches, zero-filling the edges
             x = x_ptr.load([0, kb * BLOCK_K])
             w = w_ptr.load([tile * BLOCK_N, kb * BLOCK_K])
-        else:
-            x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
-            n_mask = offs_n[:, None] < N
-            w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-            if EVEN_K:
-                x = tl.load(x_rows + offs_k[None, :], mask=m_mask, other=0.0)
-                w = tl.load(w_ptrs, mask=n_mask, other=0)
-            else:
-                k_mask = offs_k[None, :] < K
-                x = tl.load(x_rows + offs_k[None, :], mask=m_mask & k_mask, other=0.0)
-                w = tl.load(w_ptrs, mask=n_mask & k_mask, other=0)
-        if FP8:  # fp8 weights arrive as their bytes (a masked load cannot fill fp8 with a zero)
-            w = w.to(tl.float8e4nv, bitcast=True)
-        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=DOT_PRECISION)
-        if GLU:
-            if TMA:
+            u = w
+            if GLU:
                 u = w_ptr.load([N + tile * BLOCK_N, kb * BLOCK_K])
-            elif EVEN_K:
-                u = tl.load(w_ptrs + up_rows, mask=n_mask, other=0)
-            else:
-                u = tl.load(w_ptrs + up_rows, mask=n_mask & (offs_k[None, :] < K), other=0)
-            if FP8:
-                u = u.to(tl.float8e4nv, bitcast=True)
-            acc_up = tl.dot(x, tl.trans(u.to(x.dtype)), acc_up, input_precision=DOT_PRECISION)
+        else:
+            x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
+            w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+            x, w, u = load_tiles(x_ptrs, w_ptrs, up_rows, m_mask, offs_n[:, None] < N, offs_k[None, :] < K,
+                                 EVEN_K, GLU)
+        acc, acc_up = multiply_tiles(x, w, u, acc, acc_up, FP8, GLU, DOT_PRECISION)
 
         if (kb == k_tiles - 1) | (it == hi - 1):  # this program's share of the tile is done
             tile_lo = tile * k_tiles

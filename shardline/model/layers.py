@@ -38,27 +38,27 @@ class Linear:
         return self._runs_gemv(x, self._choice(x))
 
     def __call__(self, x: torch.Tensor, add_bias: bool = True) -> torch.Tensor:
-        bias = self.bias if add_bias else None
-        choice = self._choice(x)
-        if self._runs_gemv(x, choice):
-            return gemv.fused_linear(x, self.weight, self.scale, bias, config=choice and choice["config"])[0]
-        if choice is not None and choice["impl"] == "triton":
-            return quant.small_m_linear(x, self.weight, self.scale, bias, choice["config"])
-        if choice is not None and choice["impl"] == "streamk":
-            return quant.streamk_linear(x, self.weight, self.scale, bias, config=choice["config"])
-        if self.scale is not None:
-            return quant.quantized_linear(x, self.weight, self.scale, bias)
-        return F.linear(x, self.weight, bias)
+        return self._product(x, self.bias if add_bias else None)
 
     def glu(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of this fused [gate; up] projection: in the product's epilogue where the
         table chose a Triton kernel for x's rows, else the product, then the activation kernel."""
+        return self._product(x, self.bias, glu=True)
+
+    def _product(self, x: torch.Tensor, bias: torch.Tensor | None, glu: bool = False) -> torch.Tensor:
         choice = self._choice(x)
-        if choice is not None and choice["impl"] == "triton":
-            return quant.small_m_linear(x, self.weight, self.scale, self.bias, choice["config"], glu=True)
-        if choice is not None and choice["impl"] == "streamk":
-            return quant.streamk_linear(x, self.weight, self.scale, self.bias, glu=True, config=choice["config"])
-        return activation.silu_and_mul(self(x))
+        impl = choice["impl"] if choice is not None else None
+        if impl == "triton":
+            return quant.small_m_linear(x, self.weight, self.scale, bias, choice["config"], glu=glu)
+        if impl == "streamk":
+            return quant.streamk_linear(x, self.weight, self.scale, bias, glu=glu, config=choice["config"])
+        if self._runs_gemv(x, choice):
+            y = gemv.fused_linear(x, self.weight, self.scale, bias, config=choice and choice["config"])[0]
+        elif self.scale is not None:
+            y = quant.quantized_linear(x, self.weight, self.scale, bias)
+        else:
+            y = F.linear(x, self.weight, bias)
+        return activation.silu_and_mul(y) if glu else y
 
     def fused(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
               glu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
