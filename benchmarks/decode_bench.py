@@ -98,21 +98,34 @@ def decode_ms_per_step(pipeline: LocalPipeline, batch: int, prompt: int = 128, n
     return (t_full - t_pref) / (new - 1) * 1e3
 
 
-def graph_replay_ms(pipeline: LocalPipeline, batch: int, context: int = 192) -> float | None:
-    """GPU time of one captured decode step (no host work): what the step costs the device. Every
-    row attends over `context` tokens (the mean of a 128 + 128 run) in blocks of its own; nothing
-    is written (slot -1)."""
+def loaded_graph(pipeline: LocalPipeline, batch: int, context: int = 192,
+                 capture: bool = False) -> torch.cuda.CUDAGraph | None:
+    """The captured decode graph of `batch` rows, its inputs loaded so that every row attends over
+    `context` tokens (the mean of a 128 + 128 run) in blocks of its own and writes nothing (slot
+    -1); None when not captured yet (with `capture`, it is captured now)."""
     engine = pipeline.engines[0]
     graphs = engine.graphs
     key = graphs.buckets(batch, context) if graphs else None
-    if key not in (graphs.graphs if graphs else {}):
+    if key is None:
         return None
+    if key not in graphs.graphs:
+        if not capture:
+            return None
+        graphs.graphs[key] = graphs._capture(*key)
     per_row = -(-context // engine.block_manager.block_size)
     num_blocks = engine.block_manager.num_blocks
     step = HostStep(positions=[context - 1] * batch, slots=[-1] * batch, seq_lens=[context] * batch,
                     tables=[[(r * per_row + j) % num_blocks for j in range(per_row)] for r in range(batch)])
     graph, _ = graphs.graphs[key]
     graphs.load(*key, step)
+    return graph
+
+
+def graph_replay_ms(pipeline: LocalPipeline, batch: int, context: int = 192) -> float | None:
+    """GPU time of one captured decode step (no host work): what the step costs the device."""
+    graph = loaded_graph(pipeline, batch, context)
+    if graph is None:
+        return None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     graph.replay()
     start.record()
@@ -162,6 +175,9 @@ def main() -> None:
     ap.add_argument("--attention-configs", type=json.loads,
                     help='A/B the decode attention tiles, e.g. \'[{"num_stages": 2}, {"num_stages": 3}]\': '
                          'each batch is timed under each in turn, twice (graphs recaptured each time)')
+    ap.add_argument("--prefetch-ab", action="store_true",
+                    help="A/B decode attention asking L2 for the o projection's weight (kernels/attention.py "
+                         "PREFETCH_MIN_ROWS) against not: each batch timed under each in turn, twice")
     ap.add_argument("--out")
     args = ap.parse_args()
     tiles = {"BLOCK_N", "num_warps", "num_stages"}
@@ -196,21 +212,28 @@ def main() -> None:
     params, weight_bytes = num_params(pipeline)
     res["llama_params_streamed"] = params
     res["shardline"] = []
-    from shardline.kernels import triton_attention
+    from shardline.kernels import attention as attention_module, triton_attention
     default_attention = dict(triton_attention.DECODE_CONFIG)
+    default_prefetch = attention_module.PREFETCH_MIN_ROWS
+    variants: list[dict] = [{}]  # what each A/B run changes; graphs are captured again for each
+    if args.attention_configs:
+        variants = [{"attention": c} for c in args.attention_configs]
+    if args.prefetch_ab:
+        variants = [dict(v, prefetch_min_rows=p) for v in variants for p in (default_prefetch, None)]
     for b in batches:
-        for attention in (args.attention_configs or [None]) * (2 if args.attention_configs else 1):
-            if attention is not None:  # new tiles: the step's graphs are captured again
-                triton_attention.DECODE_CONFIG = dict(default_attention, **attention)
+        for variant in variants * (2 if len(variants) > 1 else 1):
+            if len(variants) > 1:
+                triton_attention.DECODE_CONFIG = dict(default_attention, **variant.get("attention", {}))
+                attention_module.PREFETCH_MIN_ROWS = variant.get("prefetch_min_rows", default_prefetch)
                 pipeline.engines[0].graphs.reset()
             ms = decode_ms_per_step(pipeline, b)
             gpu_ms = graph_replay_ms(pipeline, b)
             res["shardline"].append({"batch": b, "decode_ms_per_step": round(ms, 3), "tok_s": round(b * 1e3 / ms, 1),
                                      "weight_GBps": round(weight_bytes / ms / 1e6, 1),
-                                     "graph_replay_ms": round(gpu_ms, 3) if gpu_ms else None,
-                                     **({"attention": attention} if attention is not None else {})})
+                                     "graph_replay_ms": round(gpu_ms, 3) if gpu_ms else None, **variant})
             print(json.dumps(res["shardline"][-1]), flush=True)
     triton_attention.DECODE_CONFIG = default_attention
+    attention_module.PREFETCH_MIN_ROWS = default_prefetch
     if "prefill" not in skip:
         ms, tf = prefill_tflops(pipeline)
         res["prefill_2048"] = {"ms": round(ms, 2), "linear_TFLOPs": round(tf, 1)}

@@ -3,11 +3,16 @@
     python -m benchmarks.profile_decode --batch 1 [--quant int8]    # GPU kernels of one eager step
     python -m benchmarks.profile_decode --batch 256 --generate      # host + device of whole steps
     python -m benchmarks.profile_decode --batch 64 --gemm-config benchmarks/results/gemm-h200-decode.json
+    python -m benchmarks.profile_decode --batch 64 --timeline --gemm-config ...   # replays of the graph
 
 The first mode runs a decode step (context 256) eagerly under torch.profiler after warm-up and
 prints the kernels by CUDA time. The second profiles `LocalPipeline.generate` as the benchmark
 runs it (graphs on) with CPU activity too, and writes a Chrome trace: the host work between graph
 replays — the gap between measured ms/step and graph-replay ms in docs/benchmarks.md — shows there.
+The third replays the captured decode graph (context 192, as decode_bench's graph_replay_ms) and
+splits its wall time among the kernels on the critical path: with programmatic dependent launch a
+kernel starts before the one ahead of it ends and waits, so its own duration overstates what it
+costs; `critical_path` charges each kernel only the time by which it extends the step.
 """
 
 from __future__ import annotations
@@ -44,16 +49,70 @@ def print_gpu_idle(prof, steps: int) -> None:
           f"per step ~{wall / steps / 1e3:.3f} ms wall, {(wall - busy) / steps / 1e3:.3f} ms idle")
 
 
+def critical_path(spans: list[tuple[str, float, float]]) -> tuple[dict[str, list[float]], float, float]:
+    """Kernels (name, start, end) of one stream, in any order -> ({name: [count, sum of durations,
+    critical-path time]}, idle time, wall time). A kernel's critical-path time is how far its end
+    lies past every earlier kernel's end; idle is time covered by no kernel. The critical-path
+    times and the idle time add up to the wall time."""
+    spans = sorted(spans, key=lambda s: (s[1], s[2]))
+    stats: dict[str, list[float]] = {}
+    idle, reach = 0.0, spans[0][1] if spans else 0.0
+    for name, start, end in spans:
+        idle += max(0.0, start - reach)
+        own = max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+        st = stats.setdefault(name, [0, 0.0, 0.0])
+        st[0] += 1
+        st[1] += end - start
+        st[2] += own
+    wall = reach - spans[0][1] if spans else 0.0
+    return stats, idle, wall
+
+
+def print_timeline(pipeline, batch: int, replays: int = 5, context: int = 192, rows: int = 18) -> None:
+    graph = decode_bench.loaded_graph(pipeline, batch, context, capture=True)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    spans = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+             if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))]
+    if not spans:
+        print("the profiler recorded no kernels of the graph replays")
+        return
+    stats, idle, wall = critical_path(spans)
+    print(f"batch {batch}, context {context}: {wall / replays / 1e3:.3f} ms a replay, "
+          f"{idle / replays:.1f} us of it idle; {len(spans) // replays} kernels a replay")
+    print(f"{'kernel':<60} {'a step':>6} {'us each':>8} {'crit us/step':>12} {'share':>6}")
+    for name, (n, total, own) in sorted(stats.items(), key=lambda kv: -kv[1][2])[:rows]:
+        print(f"{name[:60]:<60} {n / replays:>6.0f} {total / n:>8.2f} {own / replays:>12.1f} {own / wall:>6.1%}")
+    first = sorted(spans, key=lambda s: s[1])[: len(spans) // replays]
+    layer = first[len(first) // 2:][:14]  # a stretch from the middle of one replay
+    t0 = layer[0][1]
+    print("\na stretch of one replay (us from its first kernel's start):")
+    for name, start, end in layer:
+        print(f"  {start - t0:>8.1f} {end - t0:>8.1f}  {name[:70]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--quant", choices=["int8", "fp8"], help="weight-only quantization")
     ap.add_argument("--rows", type=int, default=18)
     ap.add_argument("--generate", action="store_true", help="profile whole generate() steps, host included")
+    ap.add_argument("--timeline", action="store_true", help="replay the captured decode graph; kernels on the critical path")
+    ap.add_argument("--no-prefetch", action="store_true",
+                    help="decode attention does not ask L2 for the o projection's weight (attention.PREFETCH_MIN_ROWS)")
     ap.add_argument("--trace", default="decode_trace.json")
     ap.add_argument("--gemm-config", help="use `shardline tune-gemm` choices, as decode_bench.py does")
     args = ap.parse_args()
     decode_bench.GEMM_CONFIG = args.gemm_config
+    if args.no_prefetch:
+        from shardline.kernels import attention
+        attention.PREFETCH_MIN_ROWS = None
     pipeline = build("llama3-8b", quantization=f"{args.quant}-weight-only" if args.quant else "none",
                      max_num_seqs=max(args.batch, 16))
     if args.generate:
@@ -65,6 +124,9 @@ def main() -> None:
         prof.export_chrome_trace(args.trace)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=70))
         print_gpu_idle(prof, steps=32)
+        return
+    if args.timeline:
+        print_timeline(pipeline, args.batch, rows=args.rows)
         return
     engine = pipeline.engines[0]
     engine.graphs = None  # eager: see every kernel

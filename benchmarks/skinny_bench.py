@@ -5,12 +5,14 @@ stream-K kernel (kernels/triton_streamk.py, SwiGLU fused), each against the copy
 kernel" the activation as a kernel of its own after the gate/up product.
 
     python -m benchmarks.skinny_bench [--batch 64] [--layers 32] [--sweep] [--per-linear]
-        [--gemm-config benchmarks/results/gemm-h200-decode.json [--sweep-qkv-o]]
+        [--gemm-config benchmarks/results/gemm-h200-decode.json [--sweep-qkv-o] [--prefetch 0,1,4]]
 
 Per layer: RMSNorm -> qkv, o, RMSNorm -> gate/up -> SwiGLU -> down (attention left out: it reads
 no weights). --per-linear also times each linear alone (a graph of --layers launches of it on
 distinct weights, and the lm_head). --sweep times the stream-K kernel's candidate tiles in the
-stack; --sweep-qkv-o the split-K kernel's (tune-gemm's list) for qkv and o, the rest as tuned.
+stack; --sweep-qkv-o the split-K kernel's (tune-gemm's list) for qkv and o, the rest as tuned;
+--prefetch the table's choices with each depth of the split-K kernel's L2 prefetch, alone and
+with qkv and o on the split-K kernel as well.
 Every variant's output is checked against the cuBLAS stack's.
 """
 
@@ -51,17 +53,22 @@ def cublas_glu(x, w):
     return activation.silu_and_mul(F.linear(x, w))
 
 
-def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, qkv_o: dict | None = None):
+def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, qkv_o: dict | None = None,
+          prefetch: int | None = None):
     """The table's choices, SwiGLU in the gate/up product's epilogue where it runs the split-K
     kernel (as the engine runs them; `fuse_glu=False`: the activation kernel after it); with
     `all_triton`, the split-K kernel (default tiles) where the table chose cuBLAS too: Triton's
-    launches overlap through PDL, cuBLAS's do not. `qkv_o`: split-K tiles for qkv and o instead."""
+    launches overlap through PDL, cuBLAS's do not. `qkv_o`: split-K tiles for qkv and o instead;
+    `prefetch`: the weight tiles each split-K program asks L2 for before its PDL wait."""
+    def config(c: dict) -> dict:
+        return c if prefetch is None else dict(c, PREFETCH=prefetch)
+
     def linear(name, x, w):
         if qkv_o is not None and name in ("qkv", "o"):
-            return quant.small_m_linear(x, w, None, None, qkv_o)
+            return quant.small_m_linear(x, w, None, None, config(qkv_o))
         c = table.choice(*w.shape, w.dtype, x.dtype, x.shape[0])
         if c is not None and c["impl"] == "triton":
-            return quant.small_m_linear(x, w, None, None, c["config"])
+            return quant.small_m_linear(x, w, None, None, config(c["config"]))
         if all_triton:
             return quant.small_m_linear(x, w, None, None, default_small_m(x.shape[0], *w.shape, sm_count(x)))
         return F.linear(x, w)
@@ -69,7 +76,7 @@ def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, qkv
     def glu_linear(x, w):
         c = table.choice(*w.shape, w.dtype, x.dtype, x.shape[0])
         if fuse_glu and c is not None and c["impl"] == "triton":
-            return quant.small_m_linear(x, w, None, None, c["config"], glu=True)
+            return quant.small_m_linear(x, w, None, None, config(c["config"]), glu=True)
         return activation.silu_and_mul(linear("up", x, w))
     return linear, glu_linear
 
@@ -125,6 +132,8 @@ def main() -> None:
     ap.add_argument("--gemm-config", help="a `shardline tune-gemm` table: its choices are the 'tuned' row")
     ap.add_argument("--sweep", action="store_true", help="time the stream-K kernel's candidate tiles")
     ap.add_argument("--per-linear", action="store_true", help="also time each linear alone")
+    ap.add_argument("--prefetch", type=lambda s: [int(v) for v in s.split(",")], default=[],
+                    help="with --gemm-config: the table's choices with each of these PREFETCH depths (e.g. 0,1,2,4,8)")
     ap.add_argument("--sweep-qkv-o", action="store_true",
                     help="with --gemm-config: the table's choices, qkv and o on each split-K candidate tile")
     args = ap.parse_args()
@@ -158,6 +167,11 @@ def main() -> None:
     if args.sweep:
         for c, c_glu in sweep_configs(args.batch):
             run("stream-K", streamk(c, c_glu), [c, c_glu])
+    # qkv and o on split-K too: the tile --sweep-qkv-o found best on the H200 (2026-11-30)
+    qkv_o = dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4)
+    for depth in args.prefetch if table is not None else []:
+        run("tuned, prefetch", tuned(table, prefetch=depth), [{"PREFETCH": depth}])
+        run("tuned, qkv/o split-K", tuned(table, qkv_o=qkv_o, prefetch=depth), [dict(qkv_o, PREFETCH=depth)])
     if args.sweep_qkv_o and table is not None:  # in the stack, where PDL overlaps them with their neighbours
         from shardline.gemm_tuning import triton_candidates
         for c in triton_candidates(args.batch):

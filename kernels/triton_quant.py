@@ -12,8 +12,8 @@ Bandwidth needs many tiles in flight, and a [4096, K] weight cut into BLOCK_N=64
 split writes its fp32 partial to a workspace and bumps the tile's counter; the split that arrives
 last sums the partials in a fixed order (deterministic), runs the epilogue and resets the counter
 to zero for the next call. Launched with PDL on Hopper (`_dispatch.use_pdl`): each program asks
-L2 for its first weight tile, then waits for the kernel before. One launch, no host
-synchronisation: safe to capture in a CUDA graph (warm up before capturing, so that the counters
+L2 for its first PREFETCH weight tiles (a config key, default 1), then waits for the kernel
+before. One launch, no host synchronisation: safe to capture in a CUDA graph (warm up before capturing, so that the counters
 are allocated outside the capture). Calls that
 share a device must be ordered (one stream), as the counters are shared.
 """
@@ -43,6 +43,17 @@ def load_tiles(x_ptrs, w_ptrs, up_rows, m_mask, n_mask, k_mask, EVEN_K: tl.const
     if GLU:
         u = tl.load(w_ptrs + up_rows, mask=w_mask, other=0)
     return x, w, u
+
+
+@triton.jit
+def prefetch_tile(w_ptr, rows, col0, K, up_rows, BLOCK_K: tl.constexpr, LINE: tl.constexpr, GLU: tl.constexpr):
+    """Ask L2 for the weight tile [rows, col0 : col0 + BLOCK_K] (`rows` as element offsets, one
+    pointer a LINE-element line; with GLU also the up tile `up_rows` elements on). Shared by the
+    split-K and stream-K kernels, which call it before their PDL wait."""
+    cols = tl.minimum(col0 + tl.arange(0, BLOCK_K // LINE) * LINE, K - 1)
+    prefetch_l2(w_ptr + rows[:, None] + cols[None, :])
+    if GLU:
+        prefetch_l2(w_ptr + up_rows + rows[:, None] + cols[None, :])
 
 
 @triton.jit
@@ -79,13 +90,10 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, co
     k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    if USE_PDL:  # the weights depend on no earlier kernel: the first tile heads for L2, then wait
-        if PREFETCH:
-            rows = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn
-            cols = tl.minimum(k_lo + tl.arange(0, BLOCK_K // LINE) * LINE, K - 1)
-            prefetch_l2(w_ptr + rows[:, None] + cols[None, :])
-            if GLU:
-                prefetch_l2(w_ptr + up_rows + rows[:, None] + cols[None, :])
+    if USE_PDL:  # the weights depend on no earlier kernel: the first PREFETCH tiles head for L2, then wait
+        rows = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn
+        for i in tl.static_range(PREFETCH):
+            prefetch_tile(w_ptr, rows, tl.minimum(k_lo + i * BLOCK_K, k_hi - 1), K, up_rows, BLOCK_K, LINE, GLU)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]

@@ -41,9 +41,8 @@ import triton
 import triton.language as tl
 
 from ._dispatch import pdl_args, sm_count
-from .triton_pdl import prefetch_l2
 from .quant import STREAMK_MAX_M as MAX_M
-from .triton_quant import _tile_counters, epilogue, load_tiles, multiply_tiles
+from .triton_quant import _tile_counters, epilogue, load_tiles, multiply_tiles, prefetch_tile
 
 
 @triton.jit
@@ -81,11 +80,7 @@ def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_
             it = tl.minimum(lo + i, hi - 1)
             tile = it // k_tiles
             rows = tl.minimum(tile * BLOCK_N + offs_bn, N - 1).to(tl.int64) * stride_wn
-            cols = (it - tile * k_tiles) * BLOCK_K + tl.arange(0, BLOCK_K // LINE) * LINE
-            cols = tl.minimum(cols, K - 1)
-            prefetch_l2(w_ptr + rows[:, None] + cols[None, :])
-            if GLU:
-                prefetch_l2(w_ptr + up_rows + rows[:, None] + cols[None, :])
+            prefetch_tile(w_ptr, rows, (it - tile * k_tiles) * BLOCK_K, K, up_rows, BLOCK_K, LINE, GLU)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
