@@ -175,9 +175,6 @@ def main() -> None:
     ap.add_argument("--attention-configs", type=json.loads,
                     help='A/B the decode attention tiles, e.g. \'[{"num_stages": 2}, {"num_stages": 3}]\': '
                          'each batch is timed under each in turn, twice (graphs recaptured each time)')
-    ap.add_argument("--prefetch-ab", action="store_true",
-                    help="A/B decode attention asking L2 for the o projection's weight (kernels/attention.py "
-                         "PREFETCH_MIN_ROWS) against not: each batch timed under each in turn, twice")
     ap.add_argument("--out")
     args = ap.parse_args()
     tiles = {"BLOCK_N", "num_warps", "num_stages"}
@@ -212,19 +209,15 @@ def main() -> None:
     params, weight_bytes = num_params(pipeline)
     res["llama_params_streamed"] = params
     res["shardline"] = []
-    from shardline.kernels import attention as attention_module, triton_attention
+    from shardline.kernels import triton_attention
     default_attention = dict(triton_attention.DECODE_CONFIG)
-    default_prefetch = attention_module.PREFETCH_MIN_ROWS
     variants: list[dict] = [{}]  # what each A/B run changes; graphs are captured again for each
     if args.attention_configs:
         variants = [{"attention": c} for c in args.attention_configs]
-    if args.prefetch_ab:
-        variants = [dict(v, prefetch_min_rows=p) for v in variants for p in (default_prefetch, None)]
     for b in batches:
         for variant in variants * (2 if len(variants) > 1 else 1):
             if len(variants) > 1:
                 triton_attention.DECODE_CONFIG = dict(default_attention, **variant.get("attention", {}))
-                attention_module.PREFETCH_MIN_ROWS = variant.get("prefetch_min_rows", default_prefetch)
                 pipeline.engines[0].graphs.reset()
             ms = decode_ms_per_step(pipeline, b)
             gpu_ms = graph_replay_ms(pipeline, b)
@@ -233,7 +226,6 @@ def main() -> None:
                                      "graph_replay_ms": round(gpu_ms, 3) if gpu_ms else None, **variant})
             print(json.dumps(res["shardline"][-1]), flush=True)
     triton_attention.DECODE_CONFIG = default_attention
-    attention_module.PREFETCH_MIN_ROWS = default_prefetch
     if "prefill" not in skip:
         ms, tf = prefill_tflops(pipeline)
         res["prefill_2048"] = {"ms": round(ms, 2), "linear_TFLOPs": round(tf, 1)}

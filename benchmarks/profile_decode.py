@@ -104,15 +104,10 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=18)
     ap.add_argument("--generate", action="store_true", help="profile whole generate() steps, host included")
     ap.add_argument("--timeline", action="store_true", help="replay the captured decode graph; kernels on the critical path")
-    ap.add_argument("--no-prefetch", action="store_true",
-                    help="decode attention does not ask L2 for the o projection's weight (attention.PREFETCH_MIN_ROWS)")
     ap.add_argument("--trace", default="decode_trace.json")
     ap.add_argument("--gemm-config", help="use `shardline tune-gemm` choices, as decode_bench.py does")
     args = ap.parse_args()
     decode_bench.GEMM_CONFIG = args.gemm_config
-    if args.no_prefetch:
-        from shardline.kernels import attention
-        attention.PREFETCH_MIN_ROWS = None
     pipeline = build("llama3-8b", quantization=f"{args.quant}-weight-only" if args.quant else "none",
                      max_num_seqs=max(args.batch, 16))
     if args.generate:

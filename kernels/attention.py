@@ -82,11 +82,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
 
 
-# Rows from which the decode attention kernel asks L2 to keep the output projection's weight for
-# the product after it (`prefetch` below); None: never. Attention reads the KV cache well below the
-# copy bandwidth, and the o projection then reads its weight from L2.
-PREFETCH_MIN_ROWS: int | None = 16
-
 # Rows up to which rotary_decode_attention fuses rotary and the cache write into the attention
 # kernel. `benchmarks/kernels_bench.py --only decode` (H200, 2026-11-29), per layer: fused 6.1 us
 # against 7.6 for the rotary kernel + attention at batch 1 (context 192), 20.2 against 22.3 at 64;
@@ -98,22 +93,17 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
                             cos_sin: torch.Tensor, rotary_dim: int, k_cache: torch.Tensor,
                             v_cache: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                             seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *,
-                            max_seq_len: int | None = None, prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                            max_seq_len: int | None = None) -> torch.Tensor:
     """A decode step's attention from its unrotated q, k, v [T, heads, hd] (one query row per
     sequence): rotary, the cache write and attention. On the GPU, up to FUSED_ROTARY_MAX_ROWS rows,
     that is one kernel (the rotary kernel's launch is gone from every layer); otherwise it is the
     rotary kernel (or reference) and then attention. Slots < 0 are skipped on the GPU (padding
-    rows of a captured batch). `prefetch`: the weight of the product after attention, which the
-    fused kernel asks L2 to keep from PREFETCH_MIN_ROWS rows on (a hint: the result is the same)."""
+    rows of a captured batch)."""
     if use_triton(q) and q.shape[0] <= FUSED_ROTARY_MAX_ROWS:
         from .triton_attention import paged_attention_triton
-        if (prefetch is None or not q.is_cuda or PREFETCH_MIN_ROWS is None or q.shape[0] < PREFETCH_MIN_ROWS
-                or not prefetch.is_contiguous()):
-            prefetch = None
         return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                                       max_query_len=1, max_seq_len=max_seq_len,
-                                      rotary=(k, v, positions, cos_sin, rotary_dim, slot_mapping),
-                                      prefetch=prefetch)
+                                      rotary=(k, v, positions, cos_sin, rotary_dim, slot_mapping))
     from .rotary import apply_rotary_and_write_kv
     q = apply_rotary_and_write_kv(q, k, v, positions, cos_sin, rotary_dim, k_cache, v_cache, slot_mapping)
     return paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len=1,

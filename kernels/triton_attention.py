@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import next_pow2, pdl_args, sm_count
-from .triton_pdl import pdl_wait, prefetch_l2
+from .triton_pdl import pdl_wait
 from .triton_rotary import load_rotated
 
 _LOG2E = 1.4426950408889634
@@ -78,27 +78,19 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
                    stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
                    k_new_ptr, v_new_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
-                   stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h, stride_cs, pf_ptr, pf_lines,
+                   stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h, stride_cs,
                    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, PF_LINES: tl.constexpr,
-                   USE_PDL: tl.constexpr):
+                   ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, USE_PDL: tl.constexpr):
     """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
     sequence). The kernel rotates q and the row's new key, writes the new key and value to the
     row's cache slot (skipped when the slot is < 0) and attends over the new token from registers:
-    the rotary kernel and the cache write need no launch of their own.
-    PF_LINES > 0: each program first asks L2 for PF_LINES 128-byte lines of the pf_lines at pf_ptr
-    (the next product's weight), marked evict-last so that the cache lines streaming past go first.
-    (The cache's loads themselves are asynchronous copies, which take no eviction hint.)"""
+    the rotary kernel and the cache write need no launch of their own."""
+    pdl_wait(USE_PDL)
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    if PF_LINES > 0:  # weights: no kernel writes them, so before the wait
-        pid = (row * tl.num_programs(1) + kvh) * tl.num_programs(2) + split
-        lines = tl.minimum(pid * PF_LINES + tl.arange(0, PF_LINES), pf_lines - 1).to(tl.int64)
-        prefetch_l2(pf_ptr + lines * 128, EVICT_LAST=True)
-    pdl_wait(USE_PDL)
     # The row's sequence: the last b with query_start_loc[b] <= row.
     seqs = tl.arange(0, SEQS_P2)
     starts = tl.load(qsl_ptr + seqs, mask=seqs < num_seqs, other=2147483647)
@@ -307,14 +299,11 @@ def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
 def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, *,
                            max_query_len: int | None = None, max_seq_len: int | None = None,
                            decode_config: dict | None = None, prefill_config: dict | None = None,
-                           num_splits: int | None = None, rotary: tuple | None = None,
-                           prefetch: torch.Tensor | None = None):
+                           num_splits: int | None = None, rotary: tuple | None = None):
     """`decode_config`: BLOCK_N, num_warps, num_stages of the decode kernel (DECODE_CONFIG by
     default); `num_splits`: its context splits (by default `_num_splits`). `rotary`: (k, v,
     positions, cos_sin, rotary_dim, slot_mapping) of a decode step whose q, k and v are unrotated
-    and not yet cached (see _decode_kernel); it requires max_query_len == 1. `prefetch`: a
-    contiguous tensor (the next product's weight) the decode kernel asks L2 to keep for the kernel
-    after it, while it reads the cache."""
+    and not yet cached (see _decode_kernel); it requires max_query_len == 1."""
     T, nh, hd = q.shape
     block_size, nkv = k_cache.shape[1], k_cache.shape[2]
     B = block_tables.shape[0]
@@ -348,18 +337,10 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         else:
             new_kv = (q, q, seq_lens, q, seq_lens, 0, 0, 0, 0, 0)  # unused
             rot = dict(ROTARY=False, HALF=1, ROT=2)
-        if prefetch is not None:
-            assert prefetch.is_contiguous(), "the tensor to prefetch must be contiguous"
-            pf = prefetch.reshape(-1).view(torch.uint8)
-            pf_lines = triton.cdiv(pf.numel(), 128)
-            pf_per_program = min(next_pow2(triton.cdiv(pf_lines, T * nkv * splits)), 4096)
-        else:
-            pf, pf_lines, pf_per_program = q, 1, 0  # unused
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
-            scale_log2, B, nh, *strides, *new_kv, pf, pf_lines, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
-            NUM_SPLITS=splits, **rot, PF_LINES=pf_per_program, **(decode_config or DECODE_CONFIG), **common,
-            **pdl_args(q))
+            scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
+            NUM_SPLITS=splits, **rot, **(decode_config or DECODE_CONFIG), **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,

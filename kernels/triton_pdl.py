@@ -20,13 +20,8 @@ def pdl_wait(USE_PDL: tl.constexpr):
 
 
 @triton.jit
-def prefetch_l2(ptrs, EVICT_LAST: tl.constexpr = False):
+def prefetch_l2(ptrs):
     """Ask L2 for the lines at `ptrs` (one pointer per 128-byte line); nothing comes back. A kernel
-    launched with PDL calls it on weights, which no earlier kernel writes, before its wait.
-    EVICT_LAST: the lines are kept over lines loaded evict-first (for a later kernel to read)."""
-    if EVICT_LAST:
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+    launched with PDL calls it on weights, which no earlier kernel writes, before its wait."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)

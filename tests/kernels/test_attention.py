@@ -286,26 +286,3 @@ def test_rotary_decode_attention_public_name(device, rows):
                                   kw["block_tables"], kw["seq_lens"], kw["query_start_loc"], kw["scale"])
     assert_close(out, want, "rotary decode attention")
     assert_close(kw["k_cache"], want_k, "the cache after the step")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows,weight_shape", [(16, (1000, 333)), (64, (4096, 4096)), (5, (64, 64))])
-def test_decode_attention_prefetching_a_weight_changes_nothing(rows, weight_shape):
-    """The fused decode kernel asking L2 to keep the next product's weight (any size, here one
-    that is not whole lines) is a hint: output and cache are bit-identical to the run without it."""
-    from shardline.kernels.rotary import rotary_cos_sin
-    from shardline.kernels.triton_attention import paged_attention_triton
-    if not torch.cuda.is_available():
-        pytest.skip("the L2 prefetch is an instruction of the GPU kernel only (the interpreter has no inline asm)")
-    ctx = [(37 * i) % 300 + 1 for i in range(rows)]
-    q, k, v, positions, slots, kw = _decode_step_with_new_tokens(ctx, 32, 8, 128, torch.bfloat16, "cuda")
-    cos_sin = rotary_cos_sin(4096, 128, 500000.0, None, device="cuda")
-    weight = torch.randn(weight_shape, dtype=torch.bfloat16, device="cuda")
-    runs = []
-    for prefetch in (None, weight):
-        run_kw = dict(kw, k_cache=kw["k_cache"].clone(), v_cache=kw["v_cache"].clone())
-        out = paged_attention_triton(q, **run_kw, max_query_len=1, rotary=(k, v, positions, cos_sin, 128, slots),
-                                     prefetch=prefetch)
-        runs.append((out, run_kw["k_cache"], run_kw["v_cache"]))
-    for a, b, what in zip(runs[0], runs[1], ("output", "k cache", "v cache")):
-        assert torch.equal(a, b), f"{what} differs when the kernel prefetches a weight"
