@@ -131,3 +131,71 @@ def test_int8_linear_keeps_leading_dims(device):
     out = quantized_linear(x.view(2, 3, 64), q, scale)
     assert out.shape == (2, 3, 96)
     assert_close(out.view(6, 96), quantized_linear_ref(x, q, scale), "quantized_linear on [2, 3, K]")
+
+
+def _mlp_problem(M, K, I, dtype, device, weights):
+    x = torch.randn(M, K, device=device, dtype=dtype)
+    w_up, w_down = torch.randn(2 * I, K, device=device) * 0.05, torch.randn(K, I, device=device) * 0.05
+    s_up = s_down = None
+    if weights == "int8":
+        (w_up, s_up), (w_down, s_down) = quantize_int8_ref(w_up, dtype), quantize_int8_ref(w_down, dtype)
+    else:
+        w_up, w_down = w_up.to(dtype), w_down.to(dtype)
+    return x, w_up, s_up, w_down, s_down
+
+
+def _handoff_clean(device) -> bool:
+    from shardline.kernels import triton_quant
+    flags = triton_quant._handoff.get(torch.device(device))
+    return flags is None or not flags.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["x", "int8"])
+@pytest.mark.parametrize("M,K,I,up_cfg,down_cfg,pair", [
+    # down's K split (192 columns) holds whole gate/up tiles (32 columns): the handoff pair
+    (5, 256, 320, dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=1), dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2), True),
+    (64, 128, 200, dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2), dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=3), True),
+    # down's 96-column splits cut gate/up's 64-column tiles: the two kernels run in turn instead
+    (16, 96, 160, dict(BLOCK_N=128, BLOCK_K=32, SPLIT_K=1), dict(BLOCK_N=32, BLOCK_K=32, SPLIT_K=2), False),
+])
+def test_small_m_glu_mlp_handoff_pair(device, weights, M, K, I, up_cfg, down_cfg, pair, monkeypatch):
+    """gate/up and down as a handoff pair (down's programs wait on flags of the activation tiles
+    they read, not on the gate/up kernel's end): bit-identical to the two kernels in turn, close to
+    the reference, and the flags are back at zero after each call."""
+    from shardline.kernels import quant, triton_quant
+    from shardline.kernels.quant import small_m_glu_mlp
+    dtype = torch.float16 if device == "cpu" else torch.bfloat16  # the interpreter's bf16 dot is wrong
+    pairs = []
+    flags_of = triton_quant._handoff_flags
+    monkeypatch.setattr(triton_quant, "_handoff_flags", lambda dev: pairs.append(dev) or flags_of(dev))
+    x, w_up, s_up, w_down, s_down = _mlp_problem(M, K, I, dtype, device, weights)
+    up_cfg, down_cfg = (dict(c, num_warps=4, num_stages=2) for c in (up_cfg, down_cfg))
+    want = linear_ref(linear_ref(x, w_up, s_up, None, glu=True), w_down, s_down)
+    quant.HANDOFF = False
+    try:
+        in_turn = small_m_glu_mlp(x, w_up, s_up, None, up_cfg, w_down, s_down, down_cfg)
+    finally:
+        quant.HANDOFF = True
+    for attempt in range(2):
+        got = small_m_glu_mlp(x, w_up, s_up, None, up_cfg, w_down, s_down, down_cfg)
+        assert torch.equal(got, in_turn), f"the handoff pair differs from the kernels in turn (call {attempt + 1})"
+        assert_close(got, want, f"handoff MLP {weights}, call {attempt + 1}")
+        assert _handoff_clean(device), "the handoff flags must be back at zero after a call"
+    assert len(pairs) == (2 if pair else 0), "the pair runs exactly where down's K splits hold whole gate/up tiles"
+
+
+@pytest.mark.gpu
+def test_small_m_glu_mlp_handoff_is_deterministic_and_graph_capturable(device):
+    """Llama-3-8B's MLP at 64 rows with the H200 table's tiles: replays of a captured graph give
+    one result, the reference's within tolerance, and leave the flags clean."""
+    from shardline.kernels.quant import small_m_glu_mlp
+    if device != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    x, w_up, _, w_down, _ = _mlp_problem(64, 4096, 14336, torch.bfloat16, device, "x")
+    up_cfg = dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4)
+    down_cfg = dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=5)
+    assert_graph_replays_deterministic(
+        lambda x: small_m_glu_mlp(x, w_up, None, None, up_cfg, w_down, None, down_cfg), x,
+        lambda x: linear_ref(linear_ref(x, w_up, None, None, glu=True), w_down), "handoff MLP")
+    assert _handoff_clean(device)
