@@ -175,9 +175,6 @@ def main() -> None:
     ap.add_argument("--attention-configs", type=json.loads,
                     help='A/B the decode attention tiles, e.g. \'[{"num_stages": 2}, {"num_stages": 3}]\': '
                          'each batch is timed under each in turn, twice (graphs recaptured each time)')
-    ap.add_argument("--handoff-ab", action="store_true",
-                    help="A/B gate/up and down as a handoff pair (kernels/quant.py HANDOFF) against in turn: "
-                         "each batch timed under each, twice")
     ap.add_argument("--out")
     args = ap.parse_args()
     tiles = {"BLOCK_N", "num_warps", "num_stages"}
@@ -212,18 +209,15 @@ def main() -> None:
     params, weight_bytes = num_params(pipeline)
     res["llama_params_streamed"] = params
     res["shardline"] = []
-    from shardline.kernels import quant, triton_attention
-    default_attention, default_handoff = dict(triton_attention.DECODE_CONFIG), quant.HANDOFF
+    from shardline.kernels import triton_attention
+    default_attention = dict(triton_attention.DECODE_CONFIG)
     variants: list[dict] = [{}]  # what each A/B run changes; graphs are captured again for each
     if args.attention_configs:
         variants = [{"attention": c} for c in args.attention_configs]
-    if args.handoff_ab:
-        variants = [dict(v, handoff=h) for v in variants for h in (True, False)]
     for b in batches:
         for variant in variants * (2 if len(variants) > 1 else 1):
             if len(variants) > 1:
                 triton_attention.DECODE_CONFIG = dict(default_attention, **variant.get("attention", {}))
-                quant.HANDOFF = variant.get("handoff", default_handoff)
                 pipeline.engines[0].graphs.reset()
             ms = decode_ms_per_step(pipeline, b)
             gpu_ms = graph_replay_ms(pipeline, b)
@@ -231,7 +225,7 @@ def main() -> None:
                                      "weight_GBps": round(weight_bytes / ms / 1e6, 1),
                                      "graph_replay_ms": round(gpu_ms, 3) if gpu_ms else None, **variant})
             print(json.dumps(res["shardline"][-1]), flush=True)
-    triton_attention.DECODE_CONFIG, quant.HANDOFF = default_attention, default_handoff
+    triton_attention.DECODE_CONFIG = default_attention
     if "prefill" not in skip:
         ms, tf = prefill_tflops(pipeline)
         res["prefill_2048"] = {"ms": round(ms, 2), "linear_TFLOPs": round(tf, 1)}

@@ -1,9 +1,8 @@
 """The decode linears of a Llama-3-8B stack at batch 16-64, as one CUDA graph: cuBLAS, the tuned
 table's choices (cuBLAS or the tiled split-K Triton kernel, as `tune-gemm` picked them) and the
 stream-K kernel (kernels/triton_streamk.py, SwiGLU fused), each against the copy bandwidth;
-"tuned+triton" runs the split-K Triton kernel where the table chose cuBLAS, "tuned, SwiGLU
-kernel" the activation as a kernel of its own after the gate/up product, and "tuned, handoff pair"
-gate/up and down as the engine does (quant.small_m_glu_mlp; "tuned table" runs them in turn).
+"tuned+triton" runs the split-K Triton kernel where the table chose cuBLAS, and "tuned, SwiGLU
+kernel" the activation as a kernel of its own after the gate/up product.
 
     python -m benchmarks.skinny_bench [--batch 64] [--layers 32] [--sweep] [--per-linear]
         [--gemm-config benchmarks/results/gemm-h200-decode.json [--sweep-qkv-o] [--prefetch 0,1,4]]
@@ -36,17 +35,13 @@ H, I = 4096, 14336
 SHAPES = {"qkv": (6144, H), "o": (H, H), "up": (2 * I, H), "down": (H, I)}
 
 
-def stack(layers, h, res, linear, glu_linear, mlp=None):
-    """`mlp(x, w_up, w_down)`: the MLP as one call (a handoff pair); by default glu_linear, then down."""
+def stack(layers, h, res, linear, glu_linear):
     for L in layers:
         x, res = norm.rms_norm(h, L["n1"], 1e-5, res)
         qkv = linear("qkv", x, L["qkv"][0])
         attn = linear("o", qkv[:, :H], L["o"][0])  # q stands in for the attention output
         x, res = norm.rms_norm(attn, L["n2"], 1e-5, res)
-        if mlp is not None:
-            h = mlp(x, L["up"][0], L["down"][0])
-        else:
-            h = linear("down", glu_linear(x, L["up"][0]), L["down"][0])
+        h = linear("down", glu_linear(x, L["up"][0]), L["down"][0])
     return h
 
 
@@ -59,13 +54,12 @@ def cublas_glu(x, w):
 
 
 def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, qkv_o: dict | None = None,
-          prefetch: int | None = None, handoff: bool = False):
+          prefetch: int | None = None):
     """The table's choices, SwiGLU in the gate/up product's epilogue where it runs the split-K
     kernel (as the engine runs them; `fuse_glu=False`: the activation kernel after it); with
     `all_triton`, the split-K kernel (default tiles) where the table chose cuBLAS too: Triton's
     launches overlap through PDL, cuBLAS's do not. `qkv_o`: split-K tiles for qkv and o instead;
-    `prefetch`: the weight tiles each split-K program asks L2 for before its PDL wait; `handoff`:
-    gate/up and down as one handoff pair (quant.small_m_glu_mlp), as the engine runs them."""
+    `prefetch`: the weight tiles each split-K program asks L2 for before its PDL wait."""
     def config(c: dict) -> dict:
         return c if prefetch is None else dict(c, PREFETCH=prefetch)
 
@@ -84,14 +78,7 @@ def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, qkv
         if fuse_glu and c is not None and c["impl"] == "triton":
             return quant.small_m_linear(x, w, None, None, config(c["config"]), glu=True)
         return activation.silu_and_mul(linear("up", x, w))
-
-    def handoff_mlp(x, w_up, w_down):  # the engine's MLP where both products run the split-K kernel
-        c_up, c_down = (table.choice(*w.shape, w.dtype, x.dtype, x.shape[0]) for w in (w_up, w_down))
-        if c_up is not None and c_down is not None and c_up["impl"] == c_down["impl"] == "triton":
-            return quant.small_m_glu_mlp(x, w_up, None, None, config(c_up["config"]), w_down, None,
-                                         config(c_down["config"]))
-        return linear("down", glu_linear(x, w_up), w_down)
-    return (linear, glu_linear, handoff_mlp) if handoff else (linear, glu_linear)
+    return linear, glu_linear
 
 
 def streamk(c: dict | None, c_glu: dict | None):
@@ -173,7 +160,6 @@ def main() -> None:
     run("cublas", (cublas, cublas_glu))
     if table is not None:
         run("tuned table", tuned(table))
-        run("tuned, handoff pair", tuned(table, handoff=True))
         run("tuned, SwiGLU kernel", tuned(table, fuse_glu=False))
         run("tuned+triton", tuned(table, all_triton=True))
     run("stream-K", streamk(None, None))

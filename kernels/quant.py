@@ -87,29 +87,6 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
     return linear_ref(x, weight, scale, bias, glu)
 
 
-# Whether small_m_glu_mlp runs its two products as a handoff pair (below); False: in turn, for A/B.
-HANDOFF = True
-
-
-def small_m_glu_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, scale_gate_up: torch.Tensor | None,
-                    bias_gate_up: torch.Tensor | None, config_gate_up: dict, w_down: torch.Tensor,
-                    scale_down: torch.Tensor | None, config_down: dict) -> torch.Tensor:
-    """down(silu(gate) * up), down's bias left out (it follows the all-reduce), both products on
-    the split-K kernel with tuned configs. On the GPU they run as a handoff pair: the down
-    projection's programs start on each part of the activation as soon as it is written, not
-    when the whole gate/up kernel ends (triton_quant.small_m_glu_mlp_triton). The references
-    elsewhere."""
-    _check_glu(w_gate_up, True)
-    if use_triton(x):
-        from .triton_quant import small_m_glu_mlp_triton, small_m_linear_triton
-        if HANDOFF:
-            return small_m_glu_mlp_triton(x, w_gate_up, scale_gate_up, bias_gate_up, config_gate_up, w_down,
-                                          scale_down, config_down)
-        act = small_m_linear_triton(x, w_gate_up, scale_gate_up, bias_gate_up, config_gate_up, glu=True)
-        return small_m_linear_triton(act, w_down, scale_down, None, config_down)
-    return linear_ref(linear_ref(x, w_gate_up, scale_gate_up, bias_gate_up, glu=True), w_down, scale_down)
-
-
 STREAMK_MAX_M = 64  # above this a decode product is compute-bound: cuBLAS
 
 

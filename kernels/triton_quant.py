@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._dispatch import next_pow2, pdl_args
+from ._dispatch import pdl_args
 from .activation import silu_and_mul
 from .triton_pdl import prefetch_l2
 
@@ -70,50 +70,15 @@ def multiply_tiles(x, w, u, acc, acc_up, FP8: tl.constexpr, GLU: tl.constexpr, D
 
 
 @triton.jit
-def signal_tile(flag_ptr, tile):
-    """Handoff producer: this program's output tile is written; one release flag tells the
-    consumer kernel (`wait_for_tiles`)."""
-    tl.debug_barrier()  # every thread's stores are issued before the flag
-    tl.atomic_xchg(flag_ptr + tile, 1, sem="release", scope="gpu")
-
-
-@triton.jit
-def wait_for_tiles(flag_ptr, consumed_off, t_lo, t_n, consumers, WAIT_P2: tl.constexpr):
-    """Handoff consumer: spin until the producer's tiles [t_lo, t_lo + t_n) are flagged, then count
-    this program in; the last of the `consumers` programs reading a tile resets its flag and count
-    (so the buffer is clean for the next pair, as the split-K tile counters are)."""
-    idx = t_lo + tl.arange(0, WAIT_P2)
-    mask = tl.arange(0, WAIT_P2) < t_n
-    ready = tl.atomic_add(flag_ptr + idx, 0, mask=mask, sem="acquire", scope="gpu")
-    pending = tl.sum(tl.where(mask & (ready == 0), 1, 0), axis=0)
-    while pending > 0:
-        ready = tl.atomic_add(flag_ptr + idx, 0, mask=mask, sem="acquire", scope="gpu")
-        pending = tl.sum(tl.where(mask & (ready == 0), 1, 0), axis=0)
-    tl.debug_barrier()  # every thread's loads come after every flag was seen
-    seen = tl.atomic_add(flag_ptr + consumed_off + idx, 1, mask=mask, sem="relaxed", scope="gpu")
-    last = mask & (seen == consumers - 1)
-    tl.atomic_xchg(flag_ptr + idx, 0, mask=last, sem="relaxed", scope="gpu")
-    tl.atomic_xchg(flag_ptr + consumed_off + idx, 0, mask=last, sem="relaxed", scope="gpu")
-
-
-@triton.jit
 def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
-                        stride_xm, stride_wn, stride_om, flag_ptr, consumed_off, consumers,
+                        stride_xm, stride_wn, stride_om,
                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, GLU: tl.constexpr,
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
-                        SIGNAL: tl.constexpr, WAIT: tl.constexpr, PROD_BN: tl.constexpr, WAIT_P2: tl.constexpr,
                         USE_PDL: tl.constexpr):
     """GLU: w is the fused [gate; up] projection [2N, K]; the program's tile is BLOCK_N gate rows
-    and the BLOCK_N up rows N below them, and it writes silu(gate) * up [M, N].
-
-    A handoff pair (`small_m_glu_mlp_triton`; one row tile, M <= BLOCK_M): the producer (SIGNAL)
-    flags each output tile once written; the consumer (WAIT), whose x is that output, waits for
-    the PROD_BN-column tiles of its K range instead of for the whole producer (PDL), so its
-    programs stream weights on multiprocessors the producer's last wave leaves idle. It still
-    waits for the producer's end before its first store: its outputs may reuse memory the
-    producer reads."""
+    and the BLOCK_N up rows N below them, and it writes silu(gate) * up [M, N]."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -129,11 +94,8 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, co
         rows = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn
         for i in tl.static_range(PREFETCH):
             prefetch_tile(w_ptr, rows, tl.minimum(k_lo + i * BLOCK_K, k_hi - 1), K, up_rows, BLOCK_K, LINE, GLU)
-        if not WAIT:
-            tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if WAIT:
-        wait_for_tiles(flag_ptr, consumed_off, k_lo // PROD_BN, tl.cdiv(k_hi - k_lo, PROD_BN), consumers, WAIT_P2)
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_lo + offs_k)[None, :]
     m_mask = offs_m[:, None] < M
@@ -145,8 +107,6 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, co
         acc, acc_up = multiply_tiles(x, w, u, acc, acc_up, FP8, GLU, DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if WAIT and USE_PDL:
-        tl.extra.cuda.gdc_wait()
     if SPLIT_K > 1:
         out_mask = m_mask & (offs_n[None, :] < N)
         tile_offs = offs_m[:, None] * N + offs_n[None, :]
@@ -169,13 +129,9 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, co
             tl.atomic_xchg(count_ptr + tile, 0)
             epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
                      HAS_SCALE, HAS_BIAS, GLU)
-            if SIGNAL:
-                signal_tile(flag_ptr, pid_n)
     else:
         epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_SCALE,
                  HAS_BIAS, GLU)
-        if SIGNAL:
-            signal_tile(flag_ptr, pid_n)
 
 
 @triton.jit
@@ -239,68 +195,6 @@ def quantized_linear_triton(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Ten
     return small_m_linear_triton(x, w_q, scale, bias, config)
 
 
-class _Plan:
-    """Tiles and grid of one split-K kernel call: M rows of x against w [N_w, K] (with `glu`, the
-    fused [gate; up] projection, whose output has N_w / 2 columns)."""
-
-    def __init__(self, M: int, w: torch.Tensor, config: dict | None, glu: bool) -> None:
-        from ._dispatch import sm_count
-        n_w, self.K = w.shape
-        self.M, self.N, self.glu = M, (n_w // 2 if glu else n_w), glu
-        cfg = dict(config or default_config(M, n_w, self.K, sm_count(w)))
-        self.block_m, self.split_k = cfg.pop("BLOCK_M", 16 if M <= 16 else 64), cfg.pop("SPLIT_K", 1)
-        if glu:
-            cfg["BLOCK_N"] = max(cfg["BLOCK_N"] // 2, 16)
-        cfg.setdefault("PREFETCH", 1)
-        self.cfg = cfg
-        self.grid = (triton.cdiv(self.N, cfg["BLOCK_N"]), triton.cdiv(M, self.block_m), self.split_k)
-        block_k = cfg["BLOCK_K"]
-        self.k_per_split = triton.cdiv(triton.cdiv(self.K, block_k), self.split_k) * block_k
-
-    def run(self, x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
-            counters_at: int = 0, signal: torch.Tensor | None = None,
-            wait: tuple[torch.Tensor, int, int] | None = None) -> torch.Tensor:
-        """x2 [M, K] (rows contiguous) -> [M, N]. `signal`: the handoff flags this producer sets;
-        `wait`: (flags, the producer's tile width, programs reading each producer tile) this
-        consumer waits on; `counters_at`: where its split-K tile counters start (a consumer's
-        must not overlap its producer's, which may still run)."""
-        M, N = self.M, self.N
-        assert w.stride(-1) == 1, "weight rows must be contiguous"
-        out = torch.empty((M, N), dtype=x2.dtype, device=x2.device)
-        if M == 0:
-            return out
-        if self.split_k > 1:
-            part = torch.empty((self.split_k, 2 if self.glu else 1, M, N), dtype=torch.float32, device=x2.device)
-            counters = _tile_counters(x2.device, counters_at + self.grid[0] * self.grid[1])[counters_at:]
-        else:
-            part, counters = out, out  # unused
-        flags = signal if signal is not None else (wait[0] if wait is not None else out)
-        prod_bn, consumers = (wait[1], wait[2]) if wait is not None else (1, 1)
-        dummy = scale if scale is not None else out
-        fp8 = w.dtype == torch.float8_e4m3fn
-        _int8_linear_kernel[self.grid](
-            x2, w.view(torch.uint8) if fp8 else w, dummy, bias if bias is not None else dummy, out, part,
-            counters, M, N, self.K, x2.stride(0), w.stride(0), out.stride(0), flags, HANDOFF_TILES, consumers,
-            HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8, EVEN_K=self.K % self.cfg["BLOCK_K"] == 0,
-            DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32", GLU=self.glu,
-            SPLIT_K=self.split_k, BLOCK_M=self.block_m, LINE=min(128 // w.element_size(), self.cfg["BLOCK_K"]),
-            SIGNAL=signal is not None, WAIT=wait is not None, PROD_BN=prod_bn,
-            WAIT_P2=next_pow2(triton.cdiv(self.k_per_split, prod_bn)) if wait is not None else 1,
-            **self.cfg, **pdl_args(x2))
-        return out
-
-
-def _rows(x: torch.Tensor, K: int) -> torch.Tensor:
-    x2 = x.reshape(-1, K)
-    return x2 if x2.stride(-1) == 1 else x2.contiguous()
-
-
-def _cublas_instead(x: torch.Tensor, M: int, scale: torch.Tensor | None, config: dict | None) -> bool:
-    """A quantised product without tuned tiles that is compute-bound (or fp32, whose exact dot
-    spills): dequantise and let cuBLAS multiply."""
-    return scale is not None and (M > SMALL_M_MAX or x.dtype == torch.float32) and config is None
-
-
 def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
                           bias: torch.Tensor | None = None, config: dict | None = None,
                           glu: bool = False) -> torch.Tensor:
@@ -309,49 +203,41 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     [gate; up] projection [2N, K] and the output silu(gate) * up [.., N]; the tile holds
     BLOCK_N / 2 rows of each half, so a config timed for the plain product streams the same bytes
     a program."""
-    K = w.shape[1]
-    x2 = _rows(x, K)
-    if _cublas_instead(x, x2.shape[0], scale, config):
+    from ._dispatch import sm_count
+    N, K = w.shape
+    N = N // 2 if glu else N
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    if scale is not None and (M > SMALL_M_MAX or x.dtype == torch.float32) and config is None:
+        # Compute-bound (or fp32, whose exact dot spills): dequantise and let cuBLAS multiply.
         w = w.to(x.dtype) * scale.to(x.dtype)[:, None]
         y = torch.nn.functional.linear(x, w, bias)
         return silu_and_mul(y) if glu else y
-    plan = _Plan(x2.shape[0], w, config, glu)
-    return plan.run(x2, w, scale, bias).view(*x.shape[:-1], plan.N)
-
-
-HANDOFF_TILES = 1 << 14  # producer tiles a handoff buffer holds (flags, then per-tile consumer counts)
-_handoff: dict[torch.device, torch.Tensor] = {}
-
-
-def _handoff_flags(device: torch.device) -> torch.Tensor:
-    flags = _handoff.get(device)
-    if flags is None:
-        flags = _handoff[device] = torch.zeros(2 * HANDOFF_TILES, dtype=torch.int32, device=device)
-    return flags
-
-
-def small_m_glu_mlp_triton(x: torch.Tensor, w_gate_up: torch.Tensor, scale_gate_up: torch.Tensor | None,
-                           bias_gate_up: torch.Tensor | None, config_gate_up: dict | None,
-                           w_down: torch.Tensor, scale_down: torch.Tensor | None, config_down: dict | None,
-                           ) -> torch.Tensor:
-    """down(silu(gate) * up) for a small batch, both products on the split-K kernel as a handoff
-    pair: the down projection's programs start on each K range of the activation as soon as the
-    gate/up programs that write it are done, not when the whole gate/up kernel is (see
-    _int8_linear_kernel). The down projection's bias is left to the caller (it follows the
-    all-reduce). Falls back to the two kernels in turn where the pair does not apply (more than
-    one row tile, a down K split that cuts a gate/up tile, a quantised product that cuBLAS runs)."""
-    x2 = _rows(x, w_gate_up.shape[1])
-    M = x2.shape[0]
-    if M and not (_cublas_instead(x, M, scale_gate_up, config_gate_up) or _cublas_instead(x, M, scale_down, config_down)):
-        up = _Plan(M, w_gate_up, config_gate_up, glu=True)
-        down = _Plan(M, w_down, config_down, glu=False)
-        prod_bn = up.cfg["BLOCK_N"]
-        if (up.grid[1] == 1 and down.grid[1] == 1 and down.k_per_split % prod_bn == 0
-                and up.grid[0] <= HANDOFF_TILES and down.K == up.N):
-            flags = _handoff_flags(x.device)
-            act = up.run(x2, w_gate_up, scale_gate_up, bias_gate_up, signal=flags)
-            out = down.run(act, w_down, scale_down, None, counters_at=up.grid[0] * up.grid[1],
-                           wait=(flags, prod_bn, down.grid[0]))
-            return out.view(*x.shape[:-1], down.N)
-    act = small_m_linear_triton(x, w_gate_up, scale_gate_up, bias_gate_up, config_gate_up, glu=True)
-    return small_m_linear_triton(act, w_down, scale_down, None, config_down)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    assert w.stride(-1) == 1, "weight rows must be contiguous"
+    cfg = dict(config or default_config(M, 2 * N if glu else N, K, sm_count(x)))
+    block_m, split_k = cfg.pop("BLOCK_M", 16 if M <= 16 else 64), cfg.pop("SPLIT_K", 1)
+    if glu:
+        cfg["BLOCK_N"] = max(cfg["BLOCK_N"] // 2, 16)
+    cfg.setdefault("PREFETCH", 1)
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0:
+        return out.view(*x.shape[:-1], N)
+    grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m), split_k)
+    if split_k > 1:
+        part = torch.empty((split_k, 2 if glu else 1, M, N), dtype=torch.float32, device=x.device)
+        counters = _tile_counters(x.device, grid[0] * grid[1])
+    else:
+        part, counters = out, out  # unused
+    dummy = scale if scale is not None else out
+    fp8 = w.dtype == torch.float8_e4m3fn
+    _int8_linear_kernel[grid](x2, w.view(torch.uint8) if fp8 else w, dummy,
+                              bias if bias is not None else dummy, out, part,
+                              counters, M, N, K, x2.stride(0), w.stride(0), out.stride(0),
+                              HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8,
+                              EVEN_K=K % cfg["BLOCK_K"] == 0,
+                              DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GLU=glu,
+                              SPLIT_K=split_k, BLOCK_M=block_m,
+                              LINE=min(128 // w.element_size(), cfg["BLOCK_K"]), **cfg, **pdl_args(x2))
+    return out.view(*x.shape[:-1], N)

@@ -70,17 +70,6 @@ class Linear:
                                  config=config)
 
 
-def glu_mlp(up: Linear, down: Linear, x: torch.Tensor) -> torch.Tensor:
-    """down(silu(gate) * up) of a fused [gate; up] projection, without down's bias (the caller adds
-    it after the all-reduce). Where the table chose the split-K kernel for both products at x's
-    rows, one handoff pair of them (`quant.small_m_glu_mlp`); else product by product."""
-    c_up, c_down = up._choice(x), down._choice(x)
-    if c_up is not None and c_down is not None and c_up["impl"] == c_down["impl"] == "triton":
-        return quant.small_m_glu_mlp(x, up.weight, up.scale, up.bias, c_up["config"], down.weight, down.scale,
-                                     c_down["config"])
-    return down(up.glu(x), add_bias=False)
-
-
 class VocabParallelEmbedding:
     """Rank r holds rows [r*n, (r+1)*n) of the (padded) vocabulary; other ids contribute zeros."""
 

@@ -16,7 +16,7 @@ import torch
 
 from shardline.config import ModelConfig
 from shardline.kernels import activation, attention, norm, rotary
-from shardline.model.layers import Linear, VocabParallelEmbedding, glu_mlp
+from shardline.model.layers import Linear, VocabParallelEmbedding
 from shardline.parallel import TPGroup
 
 
@@ -102,9 +102,8 @@ class DecoderLayer:
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """Partial (pre-all-reduce, bias-free) MLP output [T, H]."""
-        if self.is_glu:
-            return glu_mlp(self.up_proj, self.down_proj, x)
-        return self.down_proj(activation.gelu_tanh(self.up_proj(x)), add_bias=False)
+        h = self.up_proj.glu(x) if self.is_glu else activation.gelu_tanh(self.up_proj(x))
+        return self.down_proj(h, add_bias=False)
 
     def _decode(self, h: torch.Tensor, residual: torch.Tensor | None, meta: StepMetadata,
                 k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
