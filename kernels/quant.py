@@ -76,15 +76,21 @@ def quantized_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor,
 
 
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
-                   bias: torch.Tensor | None, config: dict, glu: bool = False) -> torch.Tensor:
+                   bias: torch.Tensor | None, config: dict, glu: bool = False,
+                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The split-K small-M kernel with a tuned `config` (shardline tune-gemm), for int8 or fp8
     (with scale) or x-dtype weights; the plain product where Triton does not run. With `glu`,
-    W is the fused [gate; up] projection and the result silu(gate) * up."""
+    W is the fused [gate; up] projection and the result silu(gate) * up. `out_dtype` (not with
+    `glu`): the result's dtype if not x's; the kernel writes it from its fp32 sums (the logits
+    need no conversion kernel after it)."""
     _check_glu(weight, glu)
+    if glu and out_dtype is not None:
+        raise ValueError("out_dtype is for the plain product; SwiGLU's output is x's dtype")
     if use_triton(x):
         from .triton_quant import small_m_linear_triton
-        return small_m_linear_triton(x, weight, scale, bias, config, glu)
-    return linear_ref(x, weight, scale, bias, glu)
+        return small_m_linear_triton(x, weight, scale, bias, config, glu, out_dtype)
+    y = linear_ref(x, weight, scale, bias, glu)
+    return y if out_dtype is None else y.to(out_dtype)
 
 
 STREAMK_MAX_M = 64  # above this a decode product is compute-bound: cuBLAS

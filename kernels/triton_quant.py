@@ -197,12 +197,14 @@ def quantized_linear_triton(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Ten
 
 def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
                           bias: torch.Tensor | None = None, config: dict | None = None,
-                          glu: bool = False) -> torch.Tensor:
+                          glu: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """`w` [N, K] is int8 or fp8 with `scale`, or x's dtype with scale None (then `config` is
     required: the caller chose this kernel over cuBLAS by timing it). With `glu`, w is the fused
     [gate; up] projection [2N, K] and the output silu(gate) * up [.., N]; the tile holds
     BLOCK_N / 2 rows of each half, so a config timed for the plain product streams the same bytes
-    a program."""
+    a program. `out_dtype` (not with `glu`, which rounds where the unfused path does): the
+    output's dtype if not x's; the epilogue rounds the fp32 sum to it once."""
+    assert out_dtype is None or not glu, "SwiGLU's output is x's dtype"
     from ._dispatch import sm_count
     N, K = w.shape
     N = N // 2 if glu else N
@@ -212,7 +214,7 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
         # Compute-bound (or fp32, whose exact dot spills): dequantise and let cuBLAS multiply.
         w = w.to(x.dtype) * scale.to(x.dtype)[:, None]
         y = torch.nn.functional.linear(x, w, bias)
-        return silu_and_mul(y) if glu else y
+        return silu_and_mul(y) if glu else y.to(out_dtype or y.dtype)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     assert w.stride(-1) == 1, "weight rows must be contiguous"
@@ -221,7 +223,7 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     if glu:
         cfg["BLOCK_N"] = max(cfg["BLOCK_N"] // 2, 16)
     cfg.setdefault("PREFETCH", 1)
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0:
         return out.view(*x.shape[:-1], N)
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m), split_k)

@@ -128,4 +128,7 @@ def test_glu_takes_the_tables_triton_choice_with_swiglu_in_its_epilogue(monkeypa
     real = quant.small_m_linear
     monkeypatch.setattr(quant, "small_m_linear", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
     torch.testing.assert_close(lin.glu(x), want)
-    assert seen == [{"glu": True}]
+    assert seen == [{"glu": True, "out_dtype": None}]
+    logits = lin(x, out_dtype=torch.float64)  # the logits' path: the kernel writes the wider dtype itself
+    assert seen[-1] == {"glu": False, "out_dtype": torch.float64} and logits.dtype == torch.float64
+    torch.testing.assert_close(logits, torch.nn.functional.linear(x, w).double())

@@ -37,28 +37,33 @@ class Linear:
         table is loaded, else wherever the CUDA C GEMV takes the operands (kernels/gemv.py)."""
         return self._runs_gemv(x, self._choice(x))
 
-    def __call__(self, x: torch.Tensor, add_bias: bool = True) -> torch.Tensor:
-        return self._product(x, self.bias if add_bias else None)
+    def __call__(self, x: torch.Tensor, add_bias: bool = True, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """`out_dtype`: the result's dtype, if not x's (the split-K kernel writes it directly)."""
+        return self._product(x, self.bias if add_bias else None, out_dtype=out_dtype)
 
     def glu(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of this fused [gate; up] projection: in the product's epilogue where the
         table chose a Triton kernel for x's rows, else the product, then the activation kernel."""
         return self._product(x, self.bias, glu=True)
 
-    def _product(self, x: torch.Tensor, bias: torch.Tensor | None, glu: bool = False) -> torch.Tensor:
+    def _product(self, x: torch.Tensor, bias: torch.Tensor | None, glu: bool = False,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
         choice = self._choice(x)
         impl = choice["impl"] if choice is not None else None
         if impl == "triton":
-            return quant.small_m_linear(x, self.weight, self.scale, bias, choice["config"], glu=glu)
+            return quant.small_m_linear(x, self.weight, self.scale, bias, choice["config"], glu=glu,
+                                        out_dtype=out_dtype)
         if impl == "streamk":
-            return quant.streamk_linear(x, self.weight, self.scale, bias, glu=glu, config=choice["config"])
-        if self._runs_gemv(x, choice):
+            y = quant.streamk_linear(x, self.weight, self.scale, bias, glu=glu, config=choice["config"])
+        elif self._runs_gemv(x, choice):
             y = gemv.fused_linear(x, self.weight, self.scale, bias, config=choice and choice["config"])[0]
         elif self.scale is not None:
             y = quant.quantized_linear(x, self.weight, self.scale, bias)
         else:
             y = F.linear(x, self.weight, bias)
-        return activation.silu_and_mul(y) if glu else y
+        if glu and impl != "streamk":
+            y = activation.silu_and_mul(y)
+        return y if out_dtype is None else y.to(out_dtype)
 
     def fused(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
               glu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -205,6 +205,6 @@ class StageModel:
         if self.norm.is_rms and self.norm.bias is None and self.lm_head.uses_gemv(h):
             logits = self.lm_head.fused(h, self.norm.weight, self.norm.eps, residual)[0]
         else:
-            logits = self.lm_head(self.norm(h, residual)[0])
+            logits = self.lm_head(self.norm(h, residual)[0], out_dtype=torch.float32)
         logits = self.tp.all_gather_last_dim(logits.float())  # (S, Vp)
         return logits[:, :self.cfg.vocab_size]

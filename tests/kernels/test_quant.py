@@ -131,3 +131,30 @@ def test_int8_linear_keeps_leading_dims(device):
     out = quantized_linear(x.view(2, 3, 64), q, scale)
     assert out.shape == (2, 3, 96)
     assert_close(out.view(6, 96), quantized_linear_ref(x, q, scale), "quantized_linear on [2, 3, K]")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["x", "int8"])
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_small_m_linear_writes_fp32_from_its_sums(device, weights, split_k):
+    """out_dtype=float32 (the logits): the kernel stores its fp32 sums; rounded to x's dtype they
+    are exactly what the x-dtype call writes, and they sit closer to the fp32 reference."""
+    dtype = torch.float16 if device == "cpu" else torch.bfloat16
+    M, N, K = 7, 200, 256
+    x = torch.randn(M, K, device=device, dtype=dtype)
+    w, scale = torch.randn(N, K, device=device) * 0.05, None
+    if weights == "int8":
+        w, scale = quantize_int8_ref(w, dtype)
+    else:
+        w = w.to(dtype)
+    bias = torch.randn(N, device=device, dtype=dtype)
+    cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, SPLIT_K=split_k, num_warps=4, num_stages=2)
+    wide = small_m_linear(x, w, scale, bias, cfg, out_dtype=torch.float32)
+    narrow = small_m_linear(x, w, scale, bias, cfg)
+    assert wide.dtype == torch.float32 and narrow.dtype == dtype
+    assert torch.equal(wide.to(dtype), narrow), "one fp32 sum, rounded once"
+    want = linear_ref(x.float(), w.float(), scale.float() if scale is not None else None, bias.float())
+    assert (wide - want).abs().max() <= (narrow.float() - want).abs().max()
+    with pytest.raises(ValueError, match="out_dtype is for the plain product"):
+        small_m_linear(x, torch.cat([w, w]), None if scale is None else torch.cat([scale, scale]), None, cfg,
+                       glu=True, out_dtype=torch.float32)
