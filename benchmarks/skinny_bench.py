@@ -5,14 +5,15 @@ stream-K kernel (kernels/triton_streamk.py, SwiGLU fused), each against the copy
 kernel" the activation as a kernel of its own after the gate/up product.
 
     python -m benchmarks.skinny_bench [--batch 64] [--layers 32] [--sweep] [--per-linear]
-        [--gemm-config benchmarks/results/gemm-h200-decode.json [--sweep-qkv-o] [--prefetch 0,1,4]]
+        [--gemm-config benchmarks/results/gemm-h200-decode.json [--sweep-qkv-o] [--sweep-mlp] [--prefetch 0,1,4]]
 
 Per layer: RMSNorm -> qkv, o, RMSNorm -> gate/up -> SwiGLU -> down (attention left out: it reads
 no weights). --per-linear also times each linear alone (a graph of --layers launches of it on
 distinct weights, and the lm_head). --sweep times the stream-K kernel's candidate tiles in the
 stack; --sweep-qkv-o the split-K kernel's (tune-gemm's list) for qkv and o, the rest as tuned;
 --prefetch the table's choices with each depth of the split-K kernel's L2 prefetch, alone and
-with qkv and o on the split-K kernel as well.
+with qkv and o on the split-K kernel as well; --sweep-mlp gate/up's and then down's split-K tiles
+(tune-gemm's list and MLP_TILES), the rest as tuned.
 Every variant's output is checked against the cuBLAS stack's.
 """
 
@@ -54,18 +55,21 @@ def cublas_glu(x, w):
 
 
 def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, qkv_o: dict | None = None,
-          prefetch: int | None = None):
+          prefetch: int | None = None, tiles: dict | None = None):
     """The table's choices, SwiGLU in the gate/up product's epilogue where it runs the split-K
     kernel (as the engine runs them; `fuse_glu=False`: the activation kernel after it); with
     `all_triton`, the split-K kernel (default tiles) where the table chose cuBLAS too: Triton's
     launches overlap through PDL, cuBLAS's do not. `qkv_o`: split-K tiles for qkv and o instead;
-    `prefetch`: the weight tiles each split-K program asks L2 for before its PDL wait."""
+    `prefetch`: the weight tiles each split-K program asks L2 for before its PDL wait; `tiles`:
+    {linear name: split-K tiles} to run instead of the table's choice."""
     def config(c: dict) -> dict:
         return c if prefetch is None else dict(c, PREFETCH=prefetch)
 
     def linear(name, x, w):
         if qkv_o is not None and name in ("qkv", "o"):
             return quant.small_m_linear(x, w, None, None, config(qkv_o))
+        if tiles and name in tiles:
+            return quant.small_m_linear(x, w, None, None, config(tiles[name]))
         c = table.choice(*w.shape, w.dtype, x.dtype, x.shape[0])
         if c is not None and c["impl"] == "triton":
             return quant.small_m_linear(x, w, None, None, config(c["config"]))
@@ -74,6 +78,8 @@ def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, qkv
         return F.linear(x, w)
 
     def glu_linear(x, w):
+        if tiles and "up" in tiles:
+            return quant.small_m_linear(x, w, None, None, config(tiles["up"]), glu=True)
         c = table.choice(*w.shape, w.dtype, x.dtype, x.shape[0])
         if fuse_glu and c is not None and c["impl"] == "triton":
             return quant.small_m_linear(x, w, None, None, config(c["config"]), glu=True)
@@ -84,6 +90,15 @@ def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, qkv
 def streamk(c: dict | None, c_glu: dict | None):
     return (lambda name, x, w: streamk_linear_triton(x, w, config=c),
             lambda x, w: streamk_linear_triton(x, w, glu=True, config=c_glu))
+
+
+# Tiles beyond tune-gemm's list for the MLP's products: K tiles of 64 and fewer stages, so that
+# two or three programs share a multiprocessor and gate/up's 224 tiles (one K split) run as one
+# wave instead of 1.7.
+MLP_TILES = [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=st) for bn, bk, sk, w, st in (
+    (128, 64, 1, 4, 4), (128, 64, 1, 4, 3), (128, 64, 1, 8, 4), (128, 128, 1, 4, 3), (128, 128, 1, 8, 3),
+    (256, 64, 1, 8, 3), (64, 128, 1, 4, 3), (64, 64, 1, 4, 4), (64, 64, 2, 4, 4), (32, 128, 2, 4, 4),
+    (64, 128, 2, 4, 3), (128, 64, 2, 4, 4))]
 
 
 def sweep_configs(M: int) -> list[tuple[dict, dict]]:
@@ -134,6 +149,9 @@ def main() -> None:
     ap.add_argument("--per-linear", action="store_true", help="also time each linear alone")
     ap.add_argument("--prefetch", type=lambda s: [int(v) for v in s.split(",")], default=[],
                     help="with --gemm-config: the table's choices with each of these PREFETCH depths (e.g. 0,1,2,4,8)")
+    ap.add_argument("--sweep-mlp", action="store_true",
+                    help="with --gemm-config: the table's choices, gate/up and then down on each split-K tile "
+                         "(tune-gemm's list and MLP_TILES)")
     ap.add_argument("--sweep-qkv-o", action="store_true",
                     help="with --gemm-config: the table's choices, qkv and o on each split-K candidate tile")
     args = ap.parse_args()
@@ -172,6 +190,11 @@ def main() -> None:
     for depth in args.prefetch if table is not None else []:
         run("tuned, prefetch", tuned(table, prefetch=depth), [{"PREFETCH": depth}])
         run("tuned, qkv/o split-K", tuned(table, qkv_o=qkv_o, prefetch=depth), [dict(qkv_o, PREFETCH=depth)])
+    if args.sweep_mlp and table is not None:
+        from shardline.gemm_tuning import triton_candidates
+        for name in ("up", "down"):
+            for c in triton_candidates(args.batch) + MLP_TILES:
+                run(f"tuned, {name} split-K", tuned(table, tiles={name: c}), [c])
     if args.sweep_qkv_o and table is not None:  # in the stack, where PDL overlaps them with their neighbours
         from shardline.gemm_tuning import triton_candidates
         for c in triton_candidates(args.batch):
