@@ -12,9 +12,9 @@ Bandwidth needs many tiles in flight, and a [4096, K] weight cut into BLOCK_N=64
 split writes its fp32 partial to a workspace and bumps the tile's counter; the split that arrives
 last sums the partials in a fixed order (deterministic), runs the epilogue and resets the counter
 to zero for the next call. Launched with PDL on Hopper (`_dispatch.use_pdl`): each program asks
-L2 for its first PREFETCH weight tiles (a config key, default 1), then waits for the kernel
-before. One launch, no host synchronisation: safe to capture in a CUDA graph (warm up before capturing, so that the counters
-are allocated outside the capture). Calls that
+L2 for its first PREFETCH weight tiles (a config key, default 1; deeper measured no better), then
+waits for the kernel before. One launch, no host synchronisation: safe to capture in a CUDA graph
+(warm up before capturing, so that the counters are allocated outside the capture). Calls that
 share a device must be ordered (one stream), as the counters are shared.
 """
 

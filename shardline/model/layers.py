@@ -53,16 +53,17 @@ class Linear:
         if impl == "triton":
             return quant.small_m_linear(x, self.weight, self.scale, bias, choice["config"], glu=glu,
                                         out_dtype=out_dtype)
-        if impl == "streamk":
+        if impl == "streamk":  # SwiGLU in its epilogue too
             y = quant.streamk_linear(x, self.weight, self.scale, bias, glu=glu, config=choice["config"])
-        elif self._runs_gemv(x, choice):
-            y = gemv.fused_linear(x, self.weight, self.scale, bias, config=choice and choice["config"])[0]
-        elif self.scale is not None:
-            y = quant.quantized_linear(x, self.weight, self.scale, bias)
         else:
-            y = F.linear(x, self.weight, bias)
-        if glu and impl != "streamk":
-            y = activation.silu_and_mul(y)
+            if self._runs_gemv(x, choice):
+                y = gemv.fused_linear(x, self.weight, self.scale, bias, config=choice and choice["config"])[0]
+            elif self.scale is not None:
+                y = quant.quantized_linear(x, self.weight, self.scale, bias)
+            else:
+                y = F.linear(x, self.weight, bias)
+            if glu:
+                y = activation.silu_and_mul(y)
         return y if out_dtype is None else y.to(out_dtype)
 
     def fused(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
