@@ -162,11 +162,17 @@ def epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, st
 
 SMALL_M_MAX = 64  # above this the product is compute-bound: dequantise once and use cuBLAS
 _counters: dict[torch.device, torch.Tensor] = {}
+_outgrown: list[torch.Tensor] = []  # counters a larger grid replaced: captured graphs may still use them
 
 
 def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
+    """At least n zeroed tile counters on `device`, shared by every split-K call there. A buffer
+    that a larger grid outgrows is kept, never freed: a CUDA graph captured with it still points
+    at it."""
     counters = _counters.get(device)
     if counters is None or counters.numel() < n:
+        if counters is not None:
+            _outgrown.append(counters)
         counters = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
         _counters[device] = counters
     return counters

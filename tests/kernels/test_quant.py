@@ -158,3 +158,24 @@ def test_small_m_linear_writes_fp32_from_its_sums(device, weights, split_k):
     with pytest.raises(ValueError, match="out_dtype is for the plain product"):
         small_m_linear(x, torch.cat([w, w]), None if scale is None else torch.cat([scale, scale]), None, cfg,
                        glu=True, out_dtype=torch.float32)
+
+
+def test_outgrown_tile_counters_stay_allocated():
+    """A captured graph keeps the raw address of the counters it ran with: growing the buffer for
+    a larger grid must not free the old one (CPU tensors stand in for the device's)."""
+    pytest.importorskip("triton", reason="the counters live in the Triton kernel's module")
+    from shardline.kernels import triton_quant
+    dev = torch.device("cpu")
+    saved = triton_quant._counters.pop(dev, None), list(triton_quant._outgrown)
+    try:
+        small = triton_quant._tile_counters(dev, 10)
+        assert small.numel() == 4096 and not small.any()
+        assert triton_quant._tile_counters(dev, 100) is small, "a grid that fits reuses the buffer"
+        large = triton_quant._tile_counters(dev, 5000)
+        assert large.numel() == 5000 and large is not small
+        assert any(t is small for t in triton_quant._outgrown), "the outgrown buffer is kept alive"
+    finally:
+        triton_quant._counters.pop(dev, None)
+        if saved[0] is not None:
+            triton_quant._counters[dev] = saved[0]
+        triton_quant._outgrown[:] = saved[1]
