@@ -411,11 +411,24 @@ SECTIONS = {"norm": bench_norm, "activation": bench_activation, "rotary": bench_
             "sampling": bench_sampling}
 
 
+def decode_shapes(text: str) -> list[tuple[int, int]]:
+    """--decode-shapes' value: BATCHxCONTEXT pairs, both >= 1, separated by commas."""
+    try:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise argparse.ArgumentTypeError(f"expected BATCHxCONTEXT pairs separated by commas, e.g. 64x192,64x256; "
+                                         f"got {text!r}")
+    return shapes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated: " + ",".join(SECTIONS))
     parser.add_argument("--sweep", action="store_true", help="also time alternative launch configs")
-    parser.add_argument("--decode-shapes", help="decode attention's (batch x context) shapes, e.g. 64x192,64x256")
+    parser.add_argument("--decode-shapes", type=decode_shapes,
+                        help="decode attention's (batch x context) shapes, e.g. 64x192,64x256")
     args = parser.parse_args()
     import triton
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
@@ -427,7 +440,7 @@ def main() -> None:
     for name in args.only.split(","):
         kw = {"sweep": args.sweep} if name in ("decode", "prefill", "int8") else {}
         if name == "decode" and args.decode_shapes:
-            kw["shapes"] = [tuple(map(int, s.split("x"))) for s in args.decode_shapes.split(",")]
+            kw["shapes"] = args.decode_shapes
         try:
             SECTIONS[name](**kw)
         except Exception:

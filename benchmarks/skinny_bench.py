@@ -54,20 +54,17 @@ def cublas_glu(x, w):
     return activation.silu_and_mul(F.linear(x, w))
 
 
-def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, qkv_o: dict | None = None,
-          prefetch: int | None = None, tiles: dict | None = None):
+def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, prefetch: int | None = None,
+          tiles: dict | None = None):
     """The table's choices, SwiGLU in the gate/up product's epilogue where it runs the split-K
     kernel (as the engine runs them; `fuse_glu=False`: the activation kernel after it); with
     `all_triton`, the split-K kernel (default tiles) where the table chose cuBLAS too: Triton's
-    launches overlap through PDL, cuBLAS's do not. `qkv_o`: split-K tiles for qkv and o instead;
-    `prefetch`: the weight tiles each split-K program asks L2 for before its PDL wait; `tiles`:
+    launches overlap through PDL, cuBLAS's do not. `prefetch`: the weight tiles each split-K program asks L2 for before its PDL wait; `tiles`:
     {linear name: split-K tiles} to run instead of the table's choice."""
     def config(c: dict) -> dict:
         return c if prefetch is None else dict(c, PREFETCH=prefetch)
 
     def linear(name, x, w):
-        if qkv_o is not None and name in ("qkv", "o"):
-            return quant.small_m_linear(x, w, None, None, config(qkv_o))
         if tiles and name in tiles:
             return quant.small_m_linear(x, w, None, None, config(tiles[name]))
         c = table.choice(*w.shape, w.dtype, x.dtype, x.shape[0])
@@ -140,6 +137,17 @@ def per_linear(layers, M: int, table: GemmTable | None) -> None:
               f"{cols['stream-K TMA']:>14}")
 
 
+def depths(text: str) -> list[int]:
+    """--prefetch's value: comma-separated tile counts >= 0."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = [-1]
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected tile counts >= 0 separated by commas, e.g. 0,1,2,4; got {text!r}")
+    return values
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=64)
@@ -147,7 +155,7 @@ def main() -> None:
     ap.add_argument("--gemm-config", help="a `shardline tune-gemm` table: its choices are the 'tuned' row")
     ap.add_argument("--sweep", action="store_true", help="time the stream-K kernel's candidate tiles")
     ap.add_argument("--per-linear", action="store_true", help="also time each linear alone")
-    ap.add_argument("--prefetch", type=lambda s: [int(v) for v in s.split(",")], default=[],
+    ap.add_argument("--prefetch", type=depths, default=[],
                     help="with --gemm-config: the table's choices with each of these PREFETCH depths (e.g. 0,1,2,4,8)")
     ap.add_argument("--sweep-mlp", action="store_true",
                     help="with --gemm-config: the table's choices, gate/up and then down on each split-K tile "
@@ -155,6 +163,9 @@ def main() -> None:
     ap.add_argument("--sweep-qkv-o", action="store_true",
                     help="with --gemm-config: the table's choices, qkv and o on each split-K candidate tile")
     args = ap.parse_args()
+    if not args.gemm_config and (args.prefetch or args.sweep_mlp or args.sweep_qkv_o):
+        ap.error("--prefetch, --sweep-mlp and --sweep-qkv-o vary the tuned table's choices: "
+                 "pass the table with --gemm-config")
     layers = make_layers(args.layers, "none")
     table = GemmTable.load(args.gemm_config, torch.device("cuda")) if args.gemm_config else None
     nbytes = sum(L[k][0].numel() * 2 for L in layers for k in SHAPES)
@@ -187,18 +198,19 @@ def main() -> None:
             run("stream-K", streamk(c, c_glu), [c, c_glu])
     # qkv and o on split-K too: the tile --sweep-qkv-o found best on the H200 (2026-11-30)
     qkv_o = dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4)
-    for depth in args.prefetch if table is not None else []:
+    for depth in args.prefetch:
         run("tuned, prefetch", tuned(table, prefetch=depth), [{"PREFETCH": depth}])
-        run("tuned, qkv/o split-K", tuned(table, qkv_o=qkv_o, prefetch=depth), [dict(qkv_o, PREFETCH=depth)])
-    if args.sweep_mlp and table is not None:
+        run("tuned, qkv/o split-K", tuned(table, tiles={"qkv": qkv_o, "o": qkv_o}, prefetch=depth),
+            [dict(qkv_o, PREFETCH=depth)])
+    if args.sweep_mlp:
         from shardline.gemm_tuning import triton_candidates
         for name in ("up", "down"):
             for c in triton_candidates(args.batch) + MLP_TILES:
                 run(f"tuned, {name} split-K", tuned(table, tiles={name: c}), [c])
-    if args.sweep_qkv_o and table is not None:  # in the stack, where PDL overlaps them with their neighbours
+    if args.sweep_qkv_o:  # in the stack, where PDL overlaps them with their neighbours
         from shardline.gemm_tuning import triton_candidates
         for c in triton_candidates(args.batch):
-            run("tuned, qkv/o split-K", tuned(table, qkv_o=c), [c])
+            run("tuned, qkv/o split-K", tuned(table, tiles={"qkv": c, "o": c}), [c])
     print(f"\n{torch.cuda.get_device_name()}: {args.layers} layers of decode linears, batch {args.batch}, "
           f"bf16 weights ({nbytes / 1e9:.2f} GB); norms and SwiGLU included")
     print(f"{'variant':<21} {'ms':>8} {'GB/s':>8} {'vs cublas':>9}  tiles (WRONG: output differs from cuBLAS)")
