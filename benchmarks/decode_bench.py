@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from shardline.config import EngineConfig, ModelConfig
+from shardline.gemm_tuning import GemmTable
 from shardline.model.random_weights import SHAPES, random_manifest, random_stage_weights
 from shardline.parallel import single_rank
 from shardline.sampling import SamplingParams
@@ -175,16 +176,21 @@ def main() -> None:
     ap.add_argument("--attention-configs", type=json.loads,
                     help='A/B the decode attention tiles, e.g. \'[{"num_stages": 2}, {"num_stages": 3}]\': '
                          'each batch is timed under each in turn, twice (graphs recaptured each time)')
+    ap.add_argument("--gemm-configs", type=lambda v: v.split(","),
+                    help="A/B `tune-gemm` tables, comma separated: each batch is timed under each in turn, twice "
+                         "(graphs recaptured each time); the first is also --gemm-config's if that is not given")
     ap.add_argument("--out")
     args = ap.parse_args()
-    tiles = {"BLOCK_N", "num_warps", "num_stages"}
+    if args.gemm_configs and args.attention_configs:
+        ap.error("--gemm-configs and --attention-configs each A/B the whole run: pass one of them")
+    tiles = {"BLOCK_N", "num_warps", "num_stages", "PREFETCH_KV"}
     if args.attention_configs is not None and not (
             isinstance(args.attention_configs, list)
             and all(isinstance(c, dict) and set(c) <= tiles for c in args.attention_configs)):
         ap.error(f"--attention-configs takes a JSON list of objects with keys from {sorted(tiles)}, "
                  f'e.g. \'[{{"num_stages": 2}}, {{"num_stages": 3}}]\'; got {args.attention_configs!r}')
     global GEMM_CONFIG, OVERLAP
-    GEMM_CONFIG, OVERLAP = args.gemm_config, args.overlap
+    GEMM_CONFIG, OVERLAP = args.gemm_config or (args.gemm_configs or [None])[0], args.overlap
     batches = [int(b) for b in args.batches.split(",")]
     skip = set(filter(None, args.skip.split(",")))
     res: dict = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
@@ -214,10 +220,15 @@ def main() -> None:
     variants: list[dict] = [{}]  # what each A/B run changes; graphs are captured again for each
     if args.attention_configs:
         variants = [{"attention": c} for c in args.attention_configs]
+    if args.gemm_configs:
+        variants = [{"gemm_config": path} for path in args.gemm_configs]
+    tables = {path: GemmTable.load(path, torch.device("cuda")) for path in args.gemm_configs or []}
     for b in batches:
         for variant in variants * (2 if len(variants) > 1 else 1):
             if len(variants) > 1:
                 triton_attention.DECODE_CONFIG = dict(default_attention, **variant.get("attention", {}))
+                if "gemm_config" in variant:
+                    pipeline.engines[0].model.configure_gemms(tables[variant["gemm_config"]])
                 pipeline.engines[0].graphs.reset()
             ms = decode_ms_per_step(pipeline, b)
             gpu_ms = graph_replay_ms(pipeline, b)

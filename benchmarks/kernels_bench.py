@@ -255,11 +255,15 @@ def bench_decode_attention(sweep: bool, shapes=DECODE_SHAPES) -> None:
             return build
         bench("decode attention", shape, "triton", make(attention.paged_attention), nbytes)
 
-        def make_step(fused: bool):
+        def make_step(fused: bool, head_major: bool = False):
             """A decode step from the unrotated projections: rotary and the cache write, then
-            attention (two kernels), or the three fused in one (what the engine runs)."""
+            attention (two kernels), or the three fused in one (what the engine runs).
+            `head_major`: the cache stored [blocks, kv heads, block_size, head_dim] (each page of
+            a head contiguous), seen through the same [blocks, block_size, kv heads, head_dim] view."""
             def build():
                 q, (kc, vc, tables, seq_lens, qsl, scale) = _paged([ctx] * B, [1] * B)
+                if head_major:
+                    kc, vc = (c.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for c in (kc, vc))
                 qkv = torch.randn(B, (NH + 2 * NKV) * HD, device="cuda", dtype=BF16)
                 q, k, v = (qkv[:, :NH * HD].view(B, NH, HD), qkv[:, NH * HD:(NH + NKV) * HD].view(B, NKV, HD),
                            qkv[:, (NH + NKV) * HD:].view(B, NKV, HD))
@@ -278,6 +282,7 @@ def bench_decode_attention(sweep: bool, shapes=DECODE_SHAPES) -> None:
             return build
         bench("decode step attention", shape, "rotary kernel + triton", make_step(False), nbytes)
         bench("decode step attention", shape, "rotary fused in triton", make_step(True), nbytes)
+        bench("decode step attention", shape, "rotary fused, head-major cache", make_step(True, True), nbytes)
         if sweep:
             for block_n, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4)):
                 cfg = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages)

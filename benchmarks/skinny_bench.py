@@ -5,7 +5,8 @@ stream-K kernel (kernels/triton_streamk.py, SwiGLU fused), each against the copy
 kernel" the activation as a kernel of its own after the gate/up product.
 
     python -m benchmarks.skinny_bench [--batch 64] [--layers 32] [--sweep] [--per-linear]
-        [--gemm-config benchmarks/results/gemm-h200-decode.json [--sweep-qkv-o] [--sweep-mlp] [--prefetch 0,1,4]]
+        [--gemm-config benchmarks/results/gemm-h200-decode.json [--sweep-qkv-o] [--sweep-mlp] [--prefetch 0,1,4]
+         [--tma]]
 
 Per layer: RMSNorm -> qkv, o, RMSNorm -> gate/up -> SwiGLU -> down (attention left out: it reads
 no weights). --per-linear also times each linear alone (a graph of --layers launches of it on
@@ -13,7 +14,8 @@ distinct weights, and the lm_head). --sweep times the stream-K kernel's candidat
 stack; --sweep-qkv-o the split-K kernel's (tune-gemm's list) for qkv and o, the rest as tuned;
 --prefetch the table's choices with each depth of the split-K kernel's L2 prefetch, alone and
 with qkv and o on the split-K kernel as well; --sweep-mlp gate/up's and then down's split-K tiles
-(tune-gemm's list and MLP_TILES), the rest as tuned.
+(tune-gemm's list and MLP_TILES), the rest as tuned; --tma the table's choices with the split-K
+kernel's tiles loaded through tensor descriptors (and the two sweeps with them).
 Every variant's output is checked against the cuBLAS stack's.
 """
 
@@ -55,14 +57,16 @@ def cublas_glu(x, w):
 
 
 def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, prefetch: int | None = None,
-          tiles: dict | None = None):
+          tiles: dict | None = None, tma: bool = False):
     """The table's choices, SwiGLU in the gate/up product's epilogue where it runs the split-K
     kernel (as the engine runs them; `fuse_glu=False`: the activation kernel after it); with
     `all_triton`, the split-K kernel (default tiles) where the table chose cuBLAS too: Triton's
-    launches overlap through PDL, cuBLAS's do not. `prefetch`: the weight tiles each split-K program asks L2 for before its PDL wait; `tiles`:
-    {linear name: split-K tiles} to run instead of the table's choice."""
+    launches overlap through PDL, cuBLAS's do not. `prefetch`: the weight tiles each split-K
+    program asks L2 for before its PDL wait; `tiles`: {linear name: split-K tiles} to run instead
+    of the table's choice; `tma`: every split-K launch loads its tiles through tensor descriptors."""
     def config(c: dict) -> dict:
-        return c if prefetch is None else dict(c, PREFETCH=prefetch)
+        c = c if prefetch is None else dict(c, PREFETCH=prefetch)
+        return dict(c, TMA=1) if tma else c
 
     def linear(name, x, w):
         if tiles and name in tiles:
@@ -162,9 +166,12 @@ def main() -> None:
                          "(tune-gemm's list and MLP_TILES)")
     ap.add_argument("--sweep-qkv-o", action="store_true",
                     help="with --gemm-config: the table's choices, qkv and o on each split-K candidate tile")
+    ap.add_argument("--tma", action="store_true",
+                    help="with --gemm-config: the table's choices with TMA loads in the split-K kernel, and "
+                         "--sweep-mlp / --sweep-qkv-o with them too")
     args = ap.parse_args()
-    if not args.gemm_config and (args.prefetch or args.sweep_mlp or args.sweep_qkv_o):
-        ap.error("--prefetch, --sweep-mlp and --sweep-qkv-o vary the tuned table's choices: "
+    if not args.gemm_config and (args.prefetch or args.sweep_mlp or args.sweep_qkv_o or args.tma):
+        ap.error("--prefetch, --sweep-mlp, --sweep-qkv-o and --tma vary the tuned table's choices: "
                  "pass the table with --gemm-config")
     layers = make_layers(args.layers, "none")
     table = GemmTable.load(args.gemm_config, torch.device("cuda")) if args.gemm_config else None
@@ -202,15 +209,19 @@ def main() -> None:
         run("tuned, prefetch", tuned(table, prefetch=depth), [{"PREFETCH": depth}])
         run("tuned, qkv/o split-K", tuned(table, tiles={"qkv": qkv_o, "o": qkv_o}, prefetch=depth),
             [dict(qkv_o, PREFETCH=depth)])
+    tma = {"TMA": 1} if args.tma else {}
+    if args.tma:
+        run("tuned, TMA", tuned(table, tma=True), [tma])
+        run("tuned, TMA, qkv/o split-K", tuned(table, tiles={"qkv": qkv_o, "o": qkv_o}, tma=True), [dict(qkv_o, **tma)])
     if args.sweep_mlp:
         from shardline.gemm_tuning import triton_candidates
         for name in ("up", "down"):
             for c in triton_candidates(args.batch) + MLP_TILES:
-                run(f"tuned, {name} split-K", tuned(table, tiles={name: c}), [c])
+                run(f"tuned, {name} split-K", tuned(table, tiles={name: c}, tma=args.tma), [dict(c, **tma)])
     if args.sweep_qkv_o:  # in the stack, where PDL overlaps them with their neighbours
         from shardline.gemm_tuning import triton_candidates
         for c in triton_candidates(args.batch):
-            run("tuned, qkv/o split-K", tuned(table, tiles={"qkv": c, "o": c}), [c])
+            run("tuned, qkv/o split-K", tuned(table, tiles={"qkv": c, "o": c}, tma=args.tma), [dict(c, **tma)])
     print(f"\n{torch.cuda.get_device_name()}: {args.layers} layers of decode linears, batch {args.batch}, "
           f"bf16 weights ({nbytes / 1e9:.2f} GB); norms and SwiGLU included")
     print(f"{'variant':<21} {'ms':>8} {'GB/s':>8} {'vs cublas':>9}  tiles (WRONG: output differs from cuBLAS)")

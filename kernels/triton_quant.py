@@ -70,15 +70,17 @@ def multiply_tiles(x, w, u, acc, acc_up, FP8: tl.constexpr, GLU: tl.constexpr, D
 
 
 @triton.jit
-def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
+def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
                         stride_xm, stride_wn, stride_om,
                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, GLU: tl.constexpr,
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
-                        USE_PDL: tl.constexpr):
+                        TMA: tl.constexpr, USE_PDL: tl.constexpr):
     """GLU: w is the fused [gate; up] projection [2N, K]; the program's tile is BLOCK_N gate rows
-    and the BLOCK_N up rows N below them, and it writes silu(gate) * up [M, N]."""
+    and the BLOCK_N up rows N below them, and it writes silu(gate) * up [M, N]. TMA: the loop's
+    tiles come through x_desc and w_desc (tensor descriptors: the copy engine fetches them into
+    shared memory and zero-fills past the edges); x_ptr and w_ptr still serve the L2 prefetch."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -103,7 +105,14 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, co
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        x, w, u = load_tiles(x_ptrs, w_ptrs, up_rows, m_mask, n_mask, (k0 + offs_k[None, :]) < k_hi, EVEN_K, GLU)
+        if TMA:  # splits hold whole K tiles, so a tile never reaches into the next split's share
+            x = x_desc.load([pid_m * BLOCK_M, k0])
+            w = w_desc.load([pid_n * BLOCK_N, k0])
+            u = w
+            if GLU:  # a gate tile at the edge reads up rows: their columns are masked at the store
+                u = w_desc.load([N + pid_n * BLOCK_N, k0])
+        else:
+            x, w, u = load_tiles(x_ptrs, w_ptrs, up_rows, m_mask, n_mask, (k0 + offs_k[None, :]) < k_hi, EVEN_K, GLU)
         acc, acc_up = multiply_tiles(x, w, u, acc, acc_up, FP8, GLU, DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
@@ -196,6 +205,18 @@ def default_config(M: int, N: int, K: int, num_sms: int) -> dict:
     return cfg
 
 
+def tensor_descriptors(x2: torch.Tensor, w: torch.Tensor, block_m: int, cfg: dict):
+    """Descriptors of x's [block_m, BLOCK_K] and w's [BLOCK_N, BLOCK_K] tiles for the TMA loads, or
+    (x2, w) when either tensor breaks their rule (16-byte aligned base and row stride): then the
+    pointer loads run. Shared by the split-K and stream-K kernels."""
+    if not (x2.is_cuda and all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
+                               for t in (x2, w))):
+        return x2, w
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return (TensorDescriptor.from_tensor(x2, [block_m, cfg["BLOCK_K"]]),
+            TensorDescriptor.from_tensor(w, [cfg["BLOCK_N"], cfg["BLOCK_K"]]))
+
+
 def quantized_linear_triton(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor,
                             bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
     return small_m_linear_triton(x, w_q, scale, bias, config)
@@ -240,12 +261,14 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
         part, counters = out, out  # unused
     dummy = scale if scale is not None else out
     fp8 = w.dtype == torch.float8_e4m3fn
-    _int8_linear_kernel[grid](x2, w.view(torch.uint8) if fp8 else w, dummy,
+    w_arg = w.view(torch.uint8) if fp8 else w
+    x_desc, w_desc = tensor_descriptors(x2, w_arg, block_m, cfg) if cfg.pop("TMA", 0) else (x2, w_arg)
+    _int8_linear_kernel[grid](x2, w_arg, x_desc, w_desc, dummy,
                               bias if bias is not None else dummy, out, part,
                               counters, M, N, K, x2.stride(0), w.stride(0), out.stride(0),
                               HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8,
                               EVEN_K=K % cfg["BLOCK_K"] == 0,
                               DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GLU=glu,
-                              SPLIT_K=split_k, BLOCK_M=block_m,
+                              SPLIT_K=split_k, BLOCK_M=block_m, TMA=x_desc is not x2,
                               LINE=min(128 // w.element_size(), cfg["BLOCK_K"]), **cfg, **pdl_args(x2))
     return out.view(*x.shape[:-1], N)

@@ -42,7 +42,7 @@ import triton.language as tl
 
 from ._dispatch import pdl_args, sm_count
 from .quant import STREAMK_MAX_M as MAX_M
-from .triton_quant import _tile_counters, epilogue, load_tiles, multiply_tiles, prefetch_tile
+from .triton_quant import _tile_counters, epilogue, load_tiles, multiply_tiles, prefetch_tile, tensor_descriptors
 
 
 @triton.jit
@@ -190,14 +190,8 @@ def streamk_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     dummy = scale if scale is not None else out
     fp8 = w.dtype == torch.float8_e4m3fn
     w_arg = w.view(torch.uint8) if fp8 else w
-    # Descriptors need 16-byte aligned bases and row strides; otherwise the pointer loads run.
-    tma = cfg.pop("TMA", 0) and x.is_cuda and all(
-        t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0 for t in (x2, w))
-    x_arg = x2
-    if tma:  # descriptors of [BLOCK_M, BLOCK_K] tiles of x and [BLOCK_N, BLOCK_K] tiles of w
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        x_arg = TensorDescriptor.from_tensor(x2, [block_m, cfg["BLOCK_K"]])
-        w_arg = TensorDescriptor.from_tensor(w_arg, [cfg["BLOCK_N"], cfg["BLOCK_K"]])
+    x_arg, w_arg = tensor_descriptors(x2, w_arg, block_m, cfg) if cfg.pop("TMA", 0) else (x2, w_arg)
+    tma = x_arg is not x2
     _streamk_kernel[(programs,)](x_arg, w_arg, dummy,
                                  bias if bias is not None else dummy, out, part, counters, M, N, K,
                                  x2.stride(0), w.stride(0), out.stride(0),

@@ -53,13 +53,16 @@ def streamk_candidates(m: int) -> list[dict]:
     return [base, dict(base, TMA=1, PREFETCH=0), dict(base, PREFETCH=0)]
 
 
-def triton_candidates(m: int) -> list[dict]:
+def triton_candidates(m: int, tma: bool = False) -> list[dict]:
     """The split-K Triton tiles timed at M = m: none above SMALL_M_MAX (64), where the product is
-    compute-bound and cuBLAS is the choice."""
+    compute-bound and cuBLAS is the choice. `tma` (Hopper and later): each tile also with its
+    loads through tensor descriptors (at batch 64 on the H200 the table's tiles with TMA ran the
+    32-layer stack 3.94 ms against 4.01, docs/benchmarks.md)."""
     from shardline.kernels.triton_quant import SMALL_M_MAX  # Triton only where tuning runs
     if m > SMALL_M_MAX:
         return []
-    return TRITON_CONFIGS + (TRITON_CONFIGS_WIDE if m > 16 else [])
+    tiles = TRITON_CONFIGS + (TRITON_CONFIGS_WIDE if m > 16 else [])
+    return tiles + ([dict(c, TMA=1) for c in tiles] if tma else [])
 
 
 # GEMV tiles (batch 1). Triton: 16 or 32 weight elements per thread per tile, the ones that
@@ -206,7 +209,7 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
             best = {"impl": "cublas", "config": None, "us": cublas_us}
             reference = default(0)
             candidates = [("triton", cfg, lambda i, c=cfg: quant.small_m_linear(x, ws[i], scale, None, c), reference)
-                          for cfg in triton_candidates(m)]
+                          for cfg in triton_candidates(m, tma=hopper_or_later(x))]
             if 1 < m <= quant.STREAMK_MAX_M and x.dtype in (torch.float16, torch.bfloat16):
                 candidates += [("streamk", cfg, lambda i, c=cfg: quant.streamk_linear(x, ws[i], scale, None, False, c),
                                 reference) for cfg in streamk_candidates(m)]

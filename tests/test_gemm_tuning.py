@@ -132,3 +132,12 @@ def test_glu_takes_the_tables_triton_choice_with_swiglu_in_its_epilogue(monkeypa
     logits = lin(x, out_dtype=torch.float64)  # the logits' path: the kernel writes the wider dtype itself
     assert seen[-1] == {"glu": False, "out_dtype": torch.float64} and logits.dtype == torch.float64
     torch.testing.assert_close(logits, torch.nn.functional.linear(x, w).double())
+
+
+def test_tma_twins_every_split_k_tile_only_where_asked():
+    pytest.importorskip("triton", reason="the candidate list reads the split-K kernel's limits (Triton)")
+    from shardline.gemm_tuning import triton_candidates
+    plain, both = triton_candidates(64), triton_candidates(64, tma=True)
+    assert not any("TMA" in c for c in plain)
+    assert both[:len(plain)] == plain and both[len(plain):] == [dict(c, TMA=1) for c in plain]
+    assert triton_candidates(128, tma=True) == [], "above 64 rows cuBLAS multiplies"

@@ -78,12 +78,15 @@ def test_quantize_fp8_ref_keeps_three_mantissa_bits():
 @pytest.mark.parametrize("block_m,block_n,block_k", [(16, 64, 128), (16, 32, 256), (64, 64, 64)])
 @pytest.mark.parametrize("K", [384, 400])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_int8_linear_split_k_configs(device, split_k, block_m, block_n, block_k, K, dtype):
+@pytest.mark.parametrize("tma", [0, 1])
+def test_int8_linear_split_k_configs(device, split_k, block_m, block_n, block_k, K, dtype, tma):
     from shardline.kernels.triton_quant import quantized_linear_triton
     skip_interpreted_bf16_dot(device, dtype)
+    if tma and device != "cuda":
+        pytest.skip("tensor-memory-accelerator loads need a Hopper GPU")
     x, q, scale, bias = _problem(3, 200, K, dtype, device, True)
     cfg = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4,
-               num_stages=3)
+               num_stages=3, TMA=tma)
     want = quantized_linear_ref(x, q, scale, bias)
     for attempt in range(2):  # the tile counters must be back at zero after each call
         assert_close(quantized_linear_triton(x, q, scale, bias, config=cfg), want,
@@ -95,10 +98,14 @@ def test_int8_linear_split_k_configs(device, split_k, block_m, block_n, block_k,
 @pytest.mark.parametrize("weights", ["x", "int8", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("M,N,K", [(5, 96, 384), (64, 200, 400)])
-def test_small_m_linear_glu(device, split_k, weights, dtype, M, N, K):
+@pytest.mark.parametrize("tma", [0, 1])
+def test_small_m_linear_glu(device, split_k, weights, dtype, M, N, K, tma):
     """SwiGLU in the split-K kernel's epilogue: silu(gate) * up of the fused [gate; up] weight,
-    against the product and then the activation."""
+    against the product and then the activation; with TMA loads too (N = 200 is no multiple of
+    the tile, so the last gate tile reads up rows whose columns the store drops)."""
     skip_interpreted_bf16_dot(device, dtype)
+    if tma and device != "cuda":
+        pytest.skip("tensor-memory-accelerator loads need a Hopper GPU")
     if weights == "fp8" and device != "cuda":
         pytest.skip("fp8 weights are checked on the GPU (Triton's interpreter has no e4m3)")
     x = torch.randn(M, K, device=device, dtype=dtype)
@@ -109,7 +116,8 @@ def test_small_m_linear_glu(device, split_k, weights, dtype, M, N, K):
     else:
         w = w.to(dtype)
     bias = torch.randn(2 * N, device=device, dtype=dtype) if M % 2 else None
-    cfg = dict(BLOCK_M=16 if M <= 16 else 64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=split_k, num_warps=4, num_stages=3)
+    cfg = dict(BLOCK_M=16 if M <= 16 else 64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=split_k, num_warps=4, num_stages=3,
+               TMA=tma)
     want = linear_ref(x, w, scale, bias, glu=True)
     for attempt in range(2):  # the tile counters must be back at zero after each call
         assert_close(small_m_linear(x, w, scale, bias, cfg, glu=True), want,
@@ -123,6 +131,19 @@ def test_int8_linear_split_k_is_deterministic_and_graph_capturable(device):
     x, q, scale, _ = _problem(1, 4096, 4096, torch.bfloat16, device, False)
     assert_graph_replays_deterministic(lambda x: quantized_linear(x, q, scale), x,
                                        lambda x: quantized_linear_ref(x, q, scale), "split-K quantized_linear")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("glu", [False, True])
+def test_small_m_linear_tma_replays_in_a_graph(device, glu):
+    """The descriptors of TMA loads are launch arguments: a captured graph replays them."""
+    if device != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    w = (torch.randn(2 * 1024 if glu else 1024, 4096, device=device) * 0.02).to(torch.bfloat16)
+    x = torch.randn(64, 4096, device=device, dtype=torch.bfloat16)
+    cfg = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4, TMA=1)
+    assert_graph_replays_deterministic(lambda x: small_m_linear(x, w, None, None, cfg, glu=glu), x,
+                                       lambda x: linear_ref(x, w, None, None, glu=glu), f"split-K TMA glu={glu}")
 
 
 @pytest.mark.gpu
