@@ -82,25 +82,34 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, USE_PDL: tl.constexpr):
+                   ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
+                   USE_PDL: tl.constexpr):
     """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
     sequence). The kernel rotates q and the row's new key, writes the new key and value to the
     row's cache slot (skipped when the slot is < 0) and attends over the new token from registers:
-    the rotary kernel and the cache write need no launch of their own."""
-    pdl_wait(USE_PDL)
+    the rotary kernel and the cache write need no launch of their own.
+
+    ONE_ROW: every sequence has exactly one query row, in order (a decode step), so row r is
+    sequence r and sees all its seq_len keys; no search of query_start_loc. Under PDL the program
+    reads the step's metadata before its wait: the host wrote it before the step's first kernel,
+    and only q and the new token come from the kernel ahead."""
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    # The row's sequence: the last b with query_start_loc[b] <= row.
-    seqs = tl.arange(0, SEQS_P2)
-    starts = tl.load(qsl_ptr + seqs, mask=seqs < num_seqs, other=2147483647)
-    b = tl.maximum(tl.sum((starts <= row).to(tl.int32), axis=0) - 1, 0)
-    q_start = tl.load(qsl_ptr + b)
-    q_end = tl.load(qsl_ptr + b + 1)
-    seq_len = tl.load(seq_lens_ptr + b)
-    # Causal: this row sees keys [0, kv_len). Rows past the last sequence see none (output 0).
-    kv_len = tl.minimum(seq_len - (q_end - q_start) + (row - q_start) + 1, seq_len)
-    kv_len = tl.where(row < q_end, tl.maximum(kv_len, 0), 0)
+    if ONE_ROW:
+        b = row
+        kv_len = tl.load(seq_lens_ptr + row)
+    else:
+        # The row's sequence: the last b with query_start_loc[b] <= row.
+        seqs = tl.arange(0, SEQS_P2)
+        starts = tl.load(qsl_ptr + seqs, mask=seqs < num_seqs, other=2147483647)
+        b = tl.maximum(tl.sum((starts <= row).to(tl.int32), axis=0) - 1, 0)
+        q_start = tl.load(qsl_ptr + b)
+        q_end = tl.load(qsl_ptr + b + 1)
+        seq_len = tl.load(seq_lens_ptr + b)
+        # Causal: this row sees keys [0, kv_len). Rows past the last sequence see none (output 0).
+        kv_len = tl.minimum(seq_len - (q_end - q_start) + (row - q_start) + 1, seq_len)
+        kv_len = tl.where(row < q_end, tl.maximum(kv_len, 0), 0)
     per_split = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = split * per_split
     hi = tl.minimum(lo + per_split, kv_len)
@@ -115,6 +124,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     q_mask = gmask[:, None] & dmask[None, :]
     if ROTARY:
         cs_row = cos_sin_ptr + tl.load(pos_ptr + row).to(tl.int64) * stride_cs
+    pdl_wait(USE_PDL)
+    if ROTARY:
         q = load_rotated(q_rows, d[None, :], q_mask, cs_row, HALF, ROT)  # (G, D)
         hi_cached = tl.minimum(hi, kv_len - 1)  # the new key comes from registers, below
     else:
@@ -340,7 +351,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
             scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
-            NUM_SPLITS=splits, **rot, **(decode_config or DECODE_CONFIG), **common, **pdl_args(q))
+            NUM_SPLITS=splits, **rot, ONE_ROW=max_query_len == 1 and T == B,
+            **(decode_config or DECODE_CONFIG), **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,

@@ -102,12 +102,15 @@ def _check(q, kw, what, **hints):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", HEADS)
-def test_decode_triton(device, dtype, num_heads, num_kv_heads, head_dim):
+@pytest.mark.parametrize("one_row_hint", [False, True])
+def test_decode_triton(device, dtype, num_heads, num_kv_heads, head_dim, one_row_hint):
+    """A decode batch, found as such from its shape or told (max_query_len=1: the kernel takes
+    row r as sequence r without searching query_start_loc)."""
     skip_interpreted_bf16_dot(device, dtype)
     ctx = [0, 14, 15, 16, 99, 300] if device == "cuda" else [0, 15, 40]
     q, kw = make_paged_batch([(c, 1) for c in ctx], num_heads, num_kv_heads, head_dim, dtype=dtype,
                              device=device)
-    _check(q, kw, "decode batch")
+    _check(q, kw, f"decode batch, one_row_hint={one_row_hint}", **({"max_query_len": 1} if one_row_hint else {}))
 
 
 @pytest.mark.gpu
