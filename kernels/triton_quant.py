@@ -16,6 +16,11 @@ L2 for its first PREFETCH weight tiles (a config key, default 1; deeper measured
 waits for the kernel before. One launch, no host synchronisation: safe to capture in a CUDA graph
 (warm up before capturing, so that the counters are allocated outside the capture). Calls that
 share a device must be ordered (one stream), as the counters are shared.
+
+`TMA=1` in the config (Hopper and later): the loop's x and weight tiles come through tensor
+descriptors, the copy engine filling shared memory on mbarriers instead of every thread issuing
+asynchronous copies (`shardline tune-gemm` times both; on the H200 at batch 64 the 32-layer linear
+stack ran 3.94 ms with them against 4.01, docs/benchmarks.md).
 """
 
 from __future__ import annotations
