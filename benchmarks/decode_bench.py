@@ -145,6 +145,16 @@ def prefill_tflops(pipeline: LocalPipeline, n: int = 2048) -> tuple[float, float
     return t * 1e3, 2 * params * n / t / 1e12
 
 
+def table_paths(text: str) -> list[str]:
+    """--gemm-configs' value: comma-separated paths of existing `tune-gemm` tables."""
+    paths = [p for p in text.split(",") if p]
+    missing = [p for p in paths if not Path(p).is_file()]
+    if not paths or missing:
+        raise argparse.ArgumentTypeError(f"expected tune-gemm tables separated by commas, e.g. "
+                                         f"a.json,b.json; {'not found: ' + ', '.join(missing) if missing else 'got none'}")
+    return paths
+
+
 def run_json_lines(cmd: list[str], env: dict | None = None, timeout: int = 600) -> list[dict]:
     """A peer's JSON lines; a peer that fails or runs past `timeout` gives what it printed so far."""
     try:
@@ -176,14 +186,14 @@ def main() -> None:
     ap.add_argument("--attention-configs", type=json.loads,
                     help='A/B the decode attention tiles, e.g. \'[{"num_stages": 2}, {"num_stages": 3}]\': '
                          'each batch is timed under each in turn, twice (graphs recaptured each time)')
-    ap.add_argument("--gemm-configs", type=lambda v: v.split(","),
+    ap.add_argument("--gemm-configs", type=table_paths,
                     help="A/B `tune-gemm` tables, comma separated: each batch is timed under each in turn, twice "
                          "(graphs recaptured each time); the first is also --gemm-config's if that is not given")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.gemm_configs and args.attention_configs:
         ap.error("--gemm-configs and --attention-configs each A/B the whole run: pass one of them")
-    tiles = {"BLOCK_N", "num_warps", "num_stages", "PREFETCH_KV"}
+    tiles = {"BLOCK_N", "num_warps", "num_stages"}
     if args.attention_configs is not None and not (
             isinstance(args.attention_configs, list)
             and all(isinstance(c, dict) and set(c) <= tiles for c in args.attention_configs)):
@@ -223,6 +233,9 @@ def main() -> None:
     if args.gemm_configs:
         variants = [{"gemm_config": path} for path in args.gemm_configs]
     tables = {path: GemmTable.load(path, torch.device("cuda")) for path in args.gemm_configs or []}
+    if None in tables.values():
+        ap.error(f"--gemm-configs: {[p for p, t in tables.items() if t is None]} tuned on another GPU than "
+                 f"{torch.cuda.get_device_name()}: an A/B needs tables of this one (run `shardline tune-gemm`)")
     for b in batches:
         for variant in variants * (2 if len(variants) > 1 else 1):
             if len(variants) > 1:

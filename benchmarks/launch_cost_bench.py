@@ -46,8 +46,11 @@ def main() -> None:
     tiles = dict(TILES)
     if args.gemm_config:
         table = GemmTable.load(args.gemm_config, torch.device("cuda"))
+        if table is None:
+            ap.error(f"--gemm-config {args.gemm_config}: missing, or tuned on another GPU than "
+                     f"{torch.cuda.get_device_name()} (run `shardline tune-gemm`)")
         for k, n in ((4096, 28672), (14336, 4096)):
-            c = table and table.choice(n, k, torch.bfloat16, torch.bfloat16, args.batch)
+            c = table.choice(n, k, torch.bfloat16, torch.bfloat16, args.batch)
             if c and c["impl"] == "triton":
                 tiles[k] = c["config"]
     torch.manual_seed(0)

@@ -175,6 +175,9 @@ def main() -> None:
                  "pass the table with --gemm-config")
     layers = make_layers(args.layers, "none")
     table = GemmTable.load(args.gemm_config, torch.device("cuda")) if args.gemm_config else None
+    if args.gemm_config and table is None:
+        ap.error(f"--gemm-config {args.gemm_config}: missing, or tuned on another GPU than "
+                 f"{torch.cuda.get_device_name()} (run `shardline tune-gemm`)")
     nbytes = sum(L[k][0].numel() * 2 for L in layers for k in SHAPES)
     h = torch.randn(args.batch, H, device="cuda", dtype=torch.bfloat16)
     res = torch.randn_like(h)

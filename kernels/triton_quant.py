@@ -31,7 +31,7 @@ import triton.language as tl
 
 from ._dispatch import pdl_args
 from .activation import silu_and_mul
-from .triton_pdl import prefetch_l2
+from .triton_pdl import pdl_wait, prefetch_l2
 
 
 @triton.jit
@@ -101,8 +101,7 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
         rows = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn
         for i in tl.static_range(PREFETCH):
             prefetch_tile(w_ptr, rows, tl.minimum(k_lo + i * BLOCK_K, k_hi - 1), K, up_rows, BLOCK_K, LINE, GLU)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_wait(USE_PDL)
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_lo + offs_k)[None, :]
     m_mask = offs_m[:, None] < M

@@ -42,6 +42,7 @@ import triton.language as tl
 
 from ._dispatch import pdl_args, sm_count
 from .quant import STREAMK_MAX_M as MAX_M
+from .triton_pdl import pdl_wait
 from .triton_quant import _tile_counters, epilogue, load_tiles, multiply_tiles, prefetch_tile, tensor_descriptors
 
 
@@ -81,9 +82,7 @@ def _streamk_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, count_
             tile = it // k_tiles
             rows = tl.minimum(tile * BLOCK_N + offs_bn, N - 1).to(tl.int64) * stride_wn
             prefetch_tile(w_ptr, rows, (it - tile * k_tiles) * BLOCK_K, K, up_rows, BLOCK_K, LINE, GLU)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_wait(USE_PDL)
 
     m_mask = offs_m[:, None] < M
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)

@@ -21,3 +21,15 @@ def test_prefetch_depths_parse_and_name_the_form_on_bad_input():
     for bad in ("1,x", "-1", ""):
         with pytest.raises(argparse.ArgumentTypeError, match="tile counts >= 0"):
             depths(bad)
+
+
+def test_gemm_configs_takes_existing_tables_and_names_the_missing(tmp_path):
+    from benchmarks.decode_bench import table_paths
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text("{}")
+    b.write_text("{}")
+    assert table_paths(f"{a},{b}") == [str(a), str(b)]
+    with pytest.raises(argparse.ArgumentTypeError, match="not found: .*c.json"):
+        table_paths(f"{a},{tmp_path / 'c.json'}")
+    with pytest.raises(argparse.ArgumentTypeError, match="got none"):
+        table_paths(",")
