@@ -1,6 +1,7 @@
 """What a batch-64 product costs besides its bytes: time against weight size, fitted to a line.
 
     python -m benchmarks.launch_cost_bench [--gemm-config benchmarks/results/gemm-h200-decode.json]
+        [--ahead 4,6,8]
 
 For K = 4096 (the gate/up, qkv, o and head products) and K = 14336 (down), each implementation
 multiplies 64 rows by weights of growing N, every launch on its own copy (>= 512 MB in a graph,
@@ -10,6 +11,12 @@ the tail after the last, the epilogue. Implementations: cuBLAS, and the split-K 
 table's tile for that K (with --gemm-config; otherwise its gate/up and down tiles of the H200
 table). Launches here are back to back in one graph, so PDL (on by default on Hopper) overlaps
 each split-K launch with the one before it as the engine's step does; cuBLAS's do not overlap.
+
+--ahead adds the split-K kernel with its in-loop L2 prefetch at each distance (AHEAD, tiles). Each
+split-K point also reports its programs and the rate a busy multiprocessor streams at (bytes /
+time / min(programs, multiprocessors), one program a multiprocessor at these tiles): if that rate
+holds when fewer multiprocessors are busy, a program's stream is bound by its bytes in flight,
+not by the memory, and a partial last wave costs its idle multiprocessors' share.
 """
 
 from __future__ import annotations
@@ -19,8 +26,10 @@ import json
 
 import torch
 
+from benchmarks.arguments import depths
 from shardline.gemm_tuning import GemmTable, _time_graph_us
 from shardline.kernels import quant
+from shardline.kernels._dispatch import sm_count
 
 # The H200 table's split-K tiles (gemm-h200-decode.json, 2026-11-30): gate/up and the head at
 # K = 4096, down at K = 14336.
@@ -42,6 +51,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gemm-config", help="take the split-K tiles from this table (its M = 64 entries)")
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--ahead", type=depths, default=[], help="also the split-K kernel with AHEAD=each (e.g. 4,6,8)")
     args = ap.parse_args()
     tiles = dict(TILES)
     if args.gemm_config:
@@ -57,8 +67,9 @@ def main() -> None:
     results = []
     for k, sizes in SIZES.items():
         x = torch.randn(args.batch, k, device="cuda", dtype=torch.bfloat16)
-        impls = {"cublas": lambda x, w: torch.nn.functional.linear(x, w),
-                 "split-K": lambda x, w, c=tiles[k]: quant.small_m_linear(x, w, None, None, c)}
+        configs = {"split-K": tiles[k]} | {f"split-K ahead={d}": dict(tiles[k], AHEAD=d) for d in args.ahead}
+        impls = {"cublas": lambda x, w: torch.nn.functional.linear(x, w)}
+        impls |= {name: lambda x, w, c=c: quant.small_m_linear(x, w, None, None, c) for name, c in configs.items()}
         points: dict[str, list[tuple[float, float]]] = {name: [] for name in impls}
         for n in sizes:
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -68,18 +79,23 @@ def main() -> None:
             for name, f in impls.items():
                 us = _time_graph_us(lambda i, f=f: f(x, ws[i]), copies)
                 points[name].append((nbytes, us))
-                print(json.dumps({"K": k, "N": n, "impl": name, "MB": round(nbytes / 1e6, 1), "us": round(us, 2),
-                                  "GBps": round(nbytes / us / 1e3, 1)}), flush=True)
+                row = {"K": k, "N": n, "impl": name, "MB": round(nbytes / 1e6, 1), "us": round(us, 2),
+                       "GBps": round(nbytes / us / 1e3, 1)}
+                if name in configs:
+                    c = configs[name]
+                    programs = -(-n // c["BLOCK_N"]) * -(-args.batch // c.get("BLOCK_M", 16 if args.batch <= 16 else 64)) * c["SPLIT_K"]
+                    row |= {"programs": programs, "GBps_per_busy_sm": round(nbytes / us / 1e3 / min(programs, sm_count(x)), 2)}
+                print(json.dumps(row), flush=True)
             del ws, w
             torch.cuda.empty_cache()
         for name, pts in points.items():
             fixed, rate = fit(pts)
             results.append({"K": k, "impl": name, "fixed_us": round(fixed, 2), "rate_GBps": round(rate, 1),
-                            "tiles": tiles[k] if name == "split-K" else None})
+                            "tiles": configs.get(name)})
             print(json.dumps(results[-1]), flush=True)
     print(f"\n{torch.cuda.get_device_name()}: batch {args.batch}, t = fixed + bytes / rate over N in {SIZES}")
     for r in results:
-        print(f"K={r['K']:<6} {r['impl']:<8} fixed {r['fixed_us']:6.2f} us   rate {r['rate_GBps']:7.0f} GB/s")
+        print(f"K={r['K']:<6} {r['impl']:<16} fixed {r['fixed_us']:6.2f} us   rate {r['rate_GBps']:7.0f} GB/s")
 
 
 if __name__ == "__main__":

@@ -6,14 +6,15 @@ kernel" the activation as a kernel of its own after the gate/up product.
 
     python -m benchmarks.skinny_bench [--batch 64] [--layers 32] [--sweep] [--per-linear]
         [--gemm-config benchmarks/results/gemm-h200-decode.json [--sweep-qkv-o] [--sweep-mlp] [--prefetch 0,1,4]
-         [--tma]]
+         [--ahead 4,6,8] [--tma]]
 
 Per layer: RMSNorm -> qkv, o, RMSNorm -> gate/up -> SwiGLU -> down (attention left out: it reads
 no weights). --per-linear also times each linear alone (a graph of --layers launches of it on
 distinct weights, and the lm_head). --sweep times the stream-K kernel's candidate tiles in the
 stack; --sweep-qkv-o the split-K kernel's (tune-gemm's list) for qkv and o, the rest as tuned;
---prefetch the table's choices with each depth of the split-K kernel's L2 prefetch, alone and
-with qkv and o on the split-K kernel as well; --sweep-mlp gate/up's and then down's split-K tiles
+--prefetch the table's choices with each depth of the split-K kernel's L2 prefetch before its
+PDL wait, alone and with qkv and o on the split-K kernel as well; --ahead likewise with each
+distance of its in-loop L2 prefetch (AHEAD); --sweep-mlp gate/up's and then down's split-K tiles
 (tune-gemm's list and MLP_TILES), the rest as tuned; --tma the table's choices with the split-K
 kernel's tiles loaded through tensor descriptors (and the two sweeps with them).
 Every variant's output is checked against the cuBLAS stack's.
@@ -27,6 +28,7 @@ import json
 import torch
 import torch.nn.functional as F
 
+from benchmarks.arguments import depths
 from benchmarks.gemv_bench import make_layers, time_graph
 from shardline.gemm_tuning import GemmTable, agrees
 from shardline.kernels import _dispatch, activation, norm, quant
@@ -56,17 +58,17 @@ def cublas_glu(x, w):
     return activation.silu_and_mul(F.linear(x, w))
 
 
-def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, prefetch: int | None = None,
-          tiles: dict | None = None, tma: bool = False):
+def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, tiles: dict | None = None,
+          extra: dict | None = None):
     """The table's choices, SwiGLU in the gate/up product's epilogue where it runs the split-K
     kernel (as the engine runs them; `fuse_glu=False`: the activation kernel after it); with
     `all_triton`, the split-K kernel (default tiles) where the table chose cuBLAS too: Triton's
-    launches overlap through PDL, cuBLAS's do not. `prefetch`: the weight tiles each split-K
-    program asks L2 for before its PDL wait; `tiles`: {linear name: split-K tiles} to run instead
-    of the table's choice; `tma`: every split-K launch loads its tiles through tensor descriptors."""
+    launches overlap through PDL, cuBLAS's do not. `tiles`: {linear name: split-K tiles} to run
+    instead of the table's choice; `extra`: config keys set on every split-K launch (PREFETCH: the
+    weight tiles asked of L2 before the PDL wait; TMA: loads through tensor descriptors; AHEAD:
+    the in-loop L2 prefetch's distance)."""
     def config(c: dict) -> dict:
-        c = c if prefetch is None else dict(c, PREFETCH=prefetch)
-        return dict(c, TMA=1) if tma else c
+        return dict(c, **(extra or {}))
 
     def linear(name, x, w):
         if tiles and name in tiles:
@@ -141,17 +143,6 @@ def per_linear(layers, M: int, table: GemmTable | None) -> None:
               f"{cols['stream-K TMA']:>14}")
 
 
-def depths(text: str) -> list[int]:
-    """--prefetch's value: comma-separated tile counts >= 0."""
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        values = [-1]
-    if any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected tile counts >= 0 separated by commas, e.g. 0,1,2,4; got {text!r}")
-    return values
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=64)
@@ -161,6 +152,8 @@ def main() -> None:
     ap.add_argument("--per-linear", action="store_true", help="also time each linear alone")
     ap.add_argument("--prefetch", type=depths, default=[],
                     help="with --gemm-config: the table's choices with each of these PREFETCH depths (e.g. 0,1,2,4,8)")
+    ap.add_argument("--ahead", type=depths, default=[],
+                    help="with --gemm-config: the table's choices with each of these AHEAD distances (e.g. 4,6,8)")
     ap.add_argument("--sweep-mlp", action="store_true",
                     help="with --gemm-config: the table's choices, gate/up and then down on each split-K tile "
                          "(tune-gemm's list and MLP_TILES)")
@@ -170,8 +163,8 @@ def main() -> None:
                     help="with --gemm-config: the table's choices with TMA loads in the split-K kernel, and "
                          "--sweep-mlp / --sweep-qkv-o with them too")
     args = ap.parse_args()
-    if not args.gemm_config and (args.prefetch or args.sweep_mlp or args.sweep_qkv_o or args.tma):
-        ap.error("--prefetch, --sweep-mlp, --sweep-qkv-o and --tma vary the tuned table's choices: "
+    if not args.gemm_config and (args.prefetch or args.ahead or args.sweep_mlp or args.sweep_qkv_o or args.tma):
+        ap.error("--prefetch, --ahead, --sweep-mlp, --sweep-qkv-o and --tma vary the tuned table's choices: "
                  "pass the table with --gemm-config")
     layers = make_layers(args.layers, "none")
     table = GemmTable.load(args.gemm_config, torch.device("cuda")) if args.gemm_config else None
@@ -208,23 +201,24 @@ def main() -> None:
             run("stream-K", streamk(c, c_glu), [c, c_glu])
     # qkv and o on split-K too: the tile --sweep-qkv-o found best on the H200 (2026-11-30)
     qkv_o = dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4)
-    for depth in args.prefetch:
-        run("tuned, prefetch", tuned(table, prefetch=depth), [{"PREFETCH": depth}])
-        run("tuned, qkv/o split-K", tuned(table, tiles={"qkv": qkv_o, "o": qkv_o}, prefetch=depth),
-            [dict(qkv_o, PREFETCH=depth)])
+    for label, key_, values in (("prefetch", "PREFETCH", args.prefetch), ("ahead", "AHEAD", args.ahead)):
+        for depth in values:
+            run(f"tuned, {label}", tuned(table, extra={key_: depth}), [{key_: depth}])
+            run("tuned, qkv/o split-K", tuned(table, tiles={"qkv": qkv_o, "o": qkv_o}, extra={key_: depth}),
+                [dict(qkv_o, **{key_: depth})])
     tma = {"TMA": 1} if args.tma else {}
     if args.tma:
-        run("tuned, TMA", tuned(table, tma=True), [tma])
-        run("tuned, TMA, qkv/o split-K", tuned(table, tiles={"qkv": qkv_o, "o": qkv_o}, tma=True), [dict(qkv_o, **tma)])
+        run("tuned, TMA", tuned(table, extra=tma), [tma])
+        run("tuned, TMA, qkv/o split-K", tuned(table, tiles={"qkv": qkv_o, "o": qkv_o}, extra=tma), [dict(qkv_o, **tma)])
     if args.sweep_mlp:
         from shardline.gemm_tuning import triton_candidates
         for name in ("up", "down"):
             for c in triton_candidates(args.batch) + MLP_TILES:
-                run(f"tuned, {name} split-K", tuned(table, tiles={name: c}, tma=args.tma), [dict(c, **tma)])
+                run(f"tuned, {name} split-K", tuned(table, tiles={name: c}, extra=tma), [dict(c, **tma)])
     if args.sweep_qkv_o:  # in the stack, where PDL overlaps them with their neighbours
         from shardline.gemm_tuning import triton_candidates
         for c in triton_candidates(args.batch):
-            run("tuned, qkv/o split-K", tuned(table, tiles={"qkv": c, "o": c}, tma=args.tma), [dict(c, **tma)])
+            run("tuned, qkv/o split-K", tuned(table, tiles={"qkv": c, "o": c}, extra=tma), [dict(c, **tma)])
     print(f"\n{torch.cuda.get_device_name()}: {args.layers} layers of decode linears, batch {args.batch}, "
           f"bf16 weights ({nbytes / 1e9:.2f} GB); norms and SwiGLU included")
     print(f"{'variant':<21} {'ms':>8} {'GB/s':>8} {'vs cublas':>9}  tiles (WRONG: output differs from cuBLAS)")

@@ -13,7 +13,9 @@ split writes its fp32 partial to a workspace and bumps the tile's counter; the s
 last sums the partials in a fixed order (deterministic), runs the epilogue and resets the counter
 to zero for the next call. Launched with PDL on Hopper (`_dispatch.use_pdl`): each program asks
 L2 for its first PREFETCH weight tiles (a config key, default 1; deeper measured no better), then
-waits for the kernel before. One launch, no host synchronisation: safe to capture in a CUDA graph
+waits for the kernel before. `AHEAD=D` in the config (default 0, off): every iteration also asks
+L2 for the weight tile D tiles on, for more bytes in flight than the ring in shared memory holds.
+One launch, no host synchronisation: safe to capture in a CUDA graph
 (warm up before capturing, so that the counters are allocated outside the capture). Calls that
 share a device must be ordered (one stream), as the counters are shared.
 
@@ -80,12 +82,14 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, GLU: tl.constexpr,
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
+                        BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, AHEAD: tl.constexpr, LINE: tl.constexpr,
                         TMA: tl.constexpr, USE_PDL: tl.constexpr):
     """GLU: w is the fused [gate; up] projection [2N, K]; the program's tile is BLOCK_N gate rows
     and the BLOCK_N up rows N below them, and it writes silu(gate) * up [M, N]. TMA: the loop's
     tiles come through x_desc and w_desc (tensor descriptors: the copy engine fetches them into
-    shared memory and zero-fills past the edges); x_ptr and w_ptr still serve the L2 prefetch."""
+    shared memory and zero-fills past the edges); x_ptr and w_ptr still serve the L2 prefetches.
+    AHEAD > 0: each iteration also asks L2 for the weight tile AHEAD tiles on (clamped to the
+    split's last), so the stream has more bytes in flight than the shared-memory ring holds."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -97,8 +101,8 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
     k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
+    rows = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn  # the prefetches' weight rows
     if USE_PDL:  # the weights depend on no earlier kernel: the first PREFETCH tiles head for L2, then wait
-        rows = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn
         for i in tl.static_range(PREFETCH):
             prefetch_tile(w_ptr, rows, tl.minimum(k_lo + i * BLOCK_K, k_hi - 1), K, up_rows, BLOCK_K, LINE, GLU)
     pdl_wait(USE_PDL)
@@ -109,6 +113,8 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
+        if AHEAD > 0:
+            prefetch_tile(w_ptr, rows, tl.minimum(k0 + AHEAD * BLOCK_K, k_hi - 1), K, up_rows, BLOCK_K, LINE, GLU)
         if TMA:  # splits hold whole K tiles, so a tile never reaches into the next split's share
             x = x_desc.load([pid_m * BLOCK_M, k0])
             w = w_desc.load([pid_n * BLOCK_N, k0])
@@ -254,6 +260,7 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     if glu:
         cfg["BLOCK_N"] = max(cfg["BLOCK_N"] // 2, 16)
     cfg.setdefault("PREFETCH", 1)
+    cfg.setdefault("AHEAD", 0)
     out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0:
         return out.view(*x.shape[:-1], N)

@@ -6,7 +6,8 @@ GPU, keep the fastest, and let the stage worker load the choice.
 
 Candidates per (N, K, weight dtype, batch rows M): the default (cuBLAS's F.linear; for int8/fp8
 weights, the split-K kernel's default tiles), the split-K small-M Triton kernel
-(kernels/triton_quant.py) and, for M = 1, the decode GEMV (kernels/triton_gemv.py and
+(kernels/triton_quant.py; its best tile also with an L2 prefetch AHEAD of
+its loads, `ahead_candidates`) and, for M = 1, the decode GEMV (kernels/triton_gemv.py and
 cuda_gemv.py) in the fused form the engine runs it (RMSNorm before qkv, the head and gate/up;
 SwiGLU after gate/up), each at a few tile configurations. A candidate's output must first agree
 with the reference (`agrees`); then it is timed as CUDA-graph replays, as the engine runs decode.
@@ -63,6 +64,15 @@ def triton_candidates(m: int, tma: bool = False) -> list[dict]:
         return []
     tiles = TRITON_CONFIGS + (TRITON_CONFIGS_WIDE if m > 16 else [])
     return tiles + ([dict(c, TMA=1) for c in tiles] if tma else [])
+
+
+def ahead_candidates(cfg: dict) -> list[dict]:
+    """Twins of a split-K tile whose loop also asks L2 for the weight tile AHEAD tiles on (the ring
+    in shared memory holds num_stages - 1 in flight; these reach 1, 3 and 5 tiles past it). Timed
+    for the best split-K tile of each shape, not for every tile: the depth is a property of the
+    stream, not of the tile."""
+    stages = cfg.get("num_stages", 4)
+    return [dict(cfg, AHEAD=stages + d) for d in (0, 2, 4)]
 
 
 # GEMV tiles (batch 1). Triton: 16 or 32 weight elements per thread per tile, the ones that
@@ -219,19 +229,34 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
                                if cfg["backend"] == "triton" or (cuda_gemv.fits(x, w, scale, None)
                                                                  and (not cfg.get("BULK") or hopper_or_later(x)))]
             gemv_best = None
-            for impl, cfg, fn, ref in candidates:
+            split_k_best: tuple[float, dict] | None = None
+
+            def time_candidate(impl, cfg, fn, ref) -> float | None:
                 try:
                     if not agrees(fn(0), ref):
                         log.warning("%s config %s: output differs from the reference; not a candidate", impl, cfg)
-                        continue
-                    us = _time_graph_us(fn, copies)
+                        return None
+                    return _time_graph_us(fn, copies)
                 except Exception as e:  # noqa: BLE001 - a config that does not compile is not a candidate
                     log.warning("%s config %s failed: %s", impl, cfg, str(e).splitlines()[0] if str(e) else e)
+                    return None
+
+            for impl, cfg, fn, ref in candidates:
+                us = time_candidate(impl, cfg, fn, ref)
+                if us is None:
                     continue
                 if impl == "gemv":
                     gemv_best = us if gemv_best is None else min(gemv_best, us)
+                if impl == "triton" and (split_k_best is None or us < split_k_best[0]):
+                    split_k_best = (us, cfg)
                 if us < best["us"]:
                     best = {"impl": impl, "config": cfg, "us": us}
+            if split_k_best is not None:  # the best split-K tile, its stream reaching further ahead
+                for cfg in ahead_candidates(split_k_best[1]):
+                    us = time_candidate("triton", cfg, lambda i, c=cfg: quant.small_m_linear(x, ws[i], scale, None, c),
+                                        reference)
+                    if us is not None and us < best["us"]:
+                        best = {"impl": "triton", "config": cfg, "us": us}
             best["cublas_us"] = cublas_us
             best["gemv_us"] = gemv_best
             table.entries.setdefault(key(n, k, w.dtype, x_dtype), {})[m] = best

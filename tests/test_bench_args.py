@@ -15,8 +15,7 @@ def test_decode_shapes_parses_pairs_and_names_the_form_on_bad_input():
 
 
 def test_prefetch_depths_parse_and_name_the_form_on_bad_input():
-    pytest.importorskip("triton", reason="skinny_bench imports the Triton GEMMs it times")
-    from benchmarks.skinny_bench import depths
+    from benchmarks.arguments import depths
     assert depths("0,1,8") == [0, 1, 8]
     for bad in ("1,x", "-1", ""):
         with pytest.raises(argparse.ArgumentTypeError, match="tile counts >= 0"):

@@ -141,3 +141,11 @@ def test_tma_twins_every_split_k_tile_only_where_asked():
     assert not any("TMA" in c for c in plain)
     assert both[:len(plain)] == plain and both[len(plain):] == [dict(c, TMA=1) for c in plain]
     assert triton_candidates(128, tma=True) == [], "above 64 rows cuBLAS multiplies"
+
+
+def test_ahead_twins_reach_past_the_ring_and_keep_the_tile():
+    from shardline.gemm_tuning import ahead_candidates
+    tile = dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4, TMA=1)
+    twins = ahead_candidates(tile)
+    assert [c.pop("AHEAD") for c in twins] == [4, 6, 8], "the ring holds num_stages - 1 tiles: start one past it"
+    assert all(c == tile for c in twins) and "AHEAD" not in tile, "only AHEAD differs; the tile is not modified"

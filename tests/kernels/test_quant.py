@@ -125,6 +125,27 @@ def test_small_m_linear_glu(device, split_k, weights, dtype, M, N, K, tma):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ahead", [3, 5, 40])
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("glu", [False, True])
+@pytest.mark.parametrize("tma", [0, 1])
+def test_split_k_l2_prefetch_ahead_changes_no_bit(device, ahead, split_k, glu, tma):
+    """AHEAD asks L2 for weight tiles further on (clamped to the split's last; 40 is past every
+    split's end): the sums are the same bits as without it, and still the reference's."""
+    if device != "cuda":
+        pytest.skip("the L2 prefetch is inline PTX, which Triton's interpreter does not run")
+    N, K = 200, 1000  # no multiple of the tile: the clamp and the masks at the edges
+    w = (torch.randn(2 * N if glu else N, K, device=device) * 0.05).to(torch.bfloat16)
+    x = torch.randn(64, K, device=device, dtype=torch.bfloat16)
+    cfg = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, SPLIT_K=split_k, num_warps=4, num_stages=3, TMA=tma)
+    want = small_m_linear(x, w, None, None, cfg, glu=glu)
+    assert_close(want, linear_ref(x, w, None, None, glu=glu), f"split-K glu={glu} tma={tma}")
+    for attempt in range(2):  # the tile counters must be back at zero after each call
+        got = small_m_linear(x, w, None, None, dict(cfg, AHEAD=ahead), glu=glu)
+        assert torch.equal(got, want), f"AHEAD={ahead} changed the output (call {attempt + 1})"
+
+
+@pytest.mark.gpu
 def test_int8_linear_split_k_is_deterministic_and_graph_capturable(device):
     if device != "cuda":
         pytest.skip("CUDA graphs need a GPU")
