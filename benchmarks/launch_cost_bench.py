@@ -12,7 +12,9 @@ table's tile for that K (with --gemm-config; otherwise its gate/up and down tile
 table). Launches here are back to back in one graph, so PDL (on by default on Hopper) overlaps
 each split-K launch with the one before it as the engine's step does; cuBLAS's do not overlap.
 
---ahead adds the split-K kernel with its in-loop L2 prefetch at each distance (AHEAD, tiles). Each
+On Hopper with Gluon it also times the ring GEMM (kernels/gluon_ring.py: a producer warp streams
+the weights, its first stages before the PDL wait), and the same with EARLY=0 (nothing before the
+wait): the difference is what requesting weights early does to the fixed cost. --ahead adds the split-K kernel with its in-loop L2 prefetch at each distance (AHEAD, tiles). Each
 split-K point also reports its programs and the rate a busy multiprocessor streams at (bytes /
 time / min(programs, multiprocessors), one program a multiprocessor at these tiles): if that rate
 holds when fewer multiprocessors are busy, a program's stream is bound by its bytes in flight,
@@ -47,6 +49,13 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return my - b * mx, 1e-3 / b
 
 
+def programs(c: dict, n: int, batch: int, ring: bool = False) -> int:
+    """Programs of a split-K (or, `ring`, ring GEMM) launch of config c on n weight rows: output
+    tiles times K splits; the ring GEMM's x tile is always 64 rows."""
+    block_m = 64 if ring or batch > 16 else 16
+    return -(-n // c["BLOCK_N"]) * -(-batch // c.get("BLOCK_M", block_m)) * c.get("SPLIT_K", 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gemm-config", help="take the split-K tiles from this table (its M = 64 entries)")
@@ -70,6 +79,11 @@ def main() -> None:
         configs = {"split-K": tiles[k]} | {f"split-K ahead={d}": dict(tiles[k], AHEAD=d) for d in args.ahead}
         impls = {"cublas": lambda x, w: torch.nn.functional.linear(x, w)}
         impls |= {name: lambda x, w, c=c: quant.small_m_linear(x, w, None, None, c) for name, c in configs.items()}
+        if quant.ring_available(x):
+            from shardline.kernels.gluon_ring import default_config
+            ring = {"ring": default_config(), "ring, EARLY=0": dict(default_config(), EARLY=0)}
+            impls |= {name: lambda x, w, c=c: quant.ring_linear(x, w, None, c) for name, c in ring.items()}
+            configs |= ring
         points: dict[str, list[tuple[float, float]]] = {name: [] for name in impls}
         for n in sizes:
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -77,18 +91,23 @@ def main() -> None:
             copies = max(2, -(-(512 << 20) // nbytes))
             ws = [w] + [w.clone() for _ in range(copies - 1)]
             for name, f in impls.items():
-                us = _time_graph_us(lambda i, f=f: f(x, ws[i]), copies)
+                try:
+                    us = _time_graph_us(lambda i, f=f: f(x, ws[i]), copies)
+                except Exception as e:  # noqa: BLE001 - one implementation failing leaves the others' numbers
+                    print(json.dumps({"K": k, "N": n, "impl": name, "failed": f"{type(e).__name__}: {e}"[:300]}))
+                    continue
                 points[name].append((nbytes, us))
                 row = {"K": k, "N": n, "impl": name, "MB": round(nbytes / 1e6, 1), "us": round(us, 2),
                        "GBps": round(nbytes / us / 1e3, 1)}
                 if name in configs:
-                    c = configs[name]
-                    programs = -(-n // c["BLOCK_N"]) * -(-args.batch // c.get("BLOCK_M", 16 if args.batch <= 16 else 64)) * c["SPLIT_K"]
-                    row |= {"programs": programs, "GBps_per_busy_sm": round(nbytes / us / 1e3 / min(programs, sm_count(x)), 2)}
+                    p = programs(configs[name], n, args.batch, ring=name.startswith("ring"))
+                    row |= {"programs": p, "GBps_per_busy_sm": round(nbytes / us / 1e3 / min(p, sm_count(x)), 2)}
                 print(json.dumps(row), flush=True)
             del ws, w
             torch.cuda.empty_cache()
         for name, pts in points.items():
+            if len(pts) < 2:
+                continue
             fixed, rate = fit(pts)
             results.append({"K": k, "impl": name, "fixed_us": round(fixed, 2), "rate_GBps": round(rate, 1),
                             "tiles": configs.get(name)})

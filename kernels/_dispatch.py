@@ -38,6 +38,16 @@ def triton_available() -> bool:
     return True
 
 
+@functools.cache
+def gluon_available() -> bool:
+    """Triton's explicit dialect (`triton.experimental.gluon`) with its Hopper ops, for gluon_ring.py."""
+    try:
+        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def use_triton(x: torch.Tensor) -> bool:
     """True when `x` should be handled by a Triton kernel rather than the reference."""
     if TRITON_DISABLED or not (x.is_cuda or TRITON_INTERPRET):

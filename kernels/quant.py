@@ -109,3 +109,42 @@ def streamk_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
         from .triton_streamk import streamk_linear_triton
         return streamk_linear_triton(x, weight, scale, bias, glu, config)
     return linear_ref(x, weight, scale, bias, glu)
+
+
+RING_MAX_M = 64  # the ring GEMM's x tile: one warpgroup's wgmma rows
+
+
+def ring_fits(x: torch.Tensor, w: torch.Tensor) -> str | None:
+    """Why the ring GEMM cannot take the operands, or None when it can (TMA: 16-byte aligned bases
+    and row strides, contiguous rows)."""
+    M = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if M > RING_MAX_M:
+        return f"{M} rows: the ring GEMM takes at most {RING_MAX_M} (above that the product is compute-bound)"
+    if x.dtype not in (torch.float16, torch.bfloat16) or w.dtype != x.dtype:
+        return f"x {x.dtype} and weights {w.dtype}: the ring GEMM takes bf16 or fp16 weights of x's dtype"
+    if (x.shape[-1] * x.element_size()) % 16:
+        return f"K = {x.shape[-1]}: a row must be a multiple of 16 bytes (TMA); pad K or use the split-K kernel"
+    if w.stride(-1) != 1 or (w.stride(0) * w.element_size()) % 16 or w.data_ptr() % 16:
+        return "the weight's rows must be contiguous and 16-byte aligned (TMA); pass a contiguous copy"
+    return None
+
+
+def ring_available(x: torch.Tensor) -> bool:
+    """The ring GEMM (gluon_ring.py) runs for x: a Hopper or later GPU, and Triton with Gluon."""
+    from ._dispatch import gluon_available, hopper_or_later
+    return use_triton(x) and x.is_cuda and hopper_or_later(x) and gluon_available()
+
+
+def ring_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                config: dict | None = None, glu: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """y = x @ W.T [+ bias] for 1..64 rows of x, bf16 or fp16 weights of x's dtype, by the ring GEMM
+    (gluon_ring.py: weights streamed before the PDL wait by a producer warp); with `glu`, W is the
+    fused [gate; up] projection and y = silu(gate) * up. The reference off Hopper or without Gluon."""
+    _check_glu(weight, glu)
+    if glu and out_dtype is not None:
+        raise ValueError("out_dtype is for the plain product; SwiGLU's output is x's dtype")
+    if ring_available(x):  # operands it cannot take are a ValueError naming why (ring_fits)
+        from .gluon_ring import ring_linear_gluon
+        return ring_linear_gluon(x, weight, bias, config, glu, out_dtype)
+    y = linear_ref(x, weight, None, bias, glu)
+    return y if out_dtype is None else y.to(out_dtype)

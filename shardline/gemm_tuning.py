@@ -7,7 +7,7 @@ GPU, keep the fastest, and let the stage worker load the choice.
 Candidates per (N, K, weight dtype, batch rows M): the default (cuBLAS's F.linear; for int8/fp8
 weights, the split-K kernel's default tiles), the split-K small-M Triton kernel
 (kernels/triton_quant.py; its best tile also with an L2 prefetch AHEAD of
-its loads, `ahead_candidates`) and, for M = 1, the decode GEMV (kernels/triton_gemv.py and
+its loads, `ahead_candidates`), on Hopper the ring GEMM (kernels/gluon_ring.py) and, for M = 1, the decode GEMV (kernels/triton_gemv.py and
 cuda_gemv.py) in the fused form the engine runs it (RMSNorm before qkv, the head and gate/up;
 SwiGLU after gate/up), each at a few tile configurations. A candidate's output must first agree
 with the reference (`agrees`); then it is timed as CUDA-graph replays, as the engine runs decode.
@@ -66,6 +66,24 @@ def triton_candidates(m: int, tma: bool = False) -> list[dict]:
     return tiles + ([dict(c, TMA=1) for c in tiles] if tma else [])
 
 
+# The ring GEMM's tiles (kernels/gluon_ring.py, Hopper): weight rows and K columns a stage, stages
+# in the ring, K splits; the default also with EARLY=0 (no weights requested before the PDL wait:
+# what that costs or gains, measured where it counts).
+RING_CONFIGS = [dict(BLOCK_N=bn, BLOCK_K=bk, STAGES=st, SPLIT_K=sk) for bn, bk, st, sk in (
+    (128, 128, 3, 1), (128, 128, 4, 1), (128, 128, 3, 2), (64, 128, 4, 1), (64, 128, 4, 2), (64, 128, 6, 2),
+    (128, 64, 6, 1), (256, 64, 3, 1), (32, 128, 6, 4), (64, 128, 4, 4))]
+RING_CONFIGS += [dict(RING_CONFIGS[0], EARLY=0)]
+
+
+def ring_candidates(m: int, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> list[dict]:
+    """RING_CONFIGS where the ring GEMM takes the operands (Hopper with Gluon, x-dtype weights,
+    at most 64 rows), else none."""
+    from shardline.kernels import quant
+    if scale is not None or not quant.ring_available(x) or quant.ring_fits(x, w) is not None:
+        return []
+    return list(RING_CONFIGS)
+
+
 def ahead_candidates(cfg: dict) -> list[dict]:
     """Twins of a split-K tile whose loop also asks L2 for the weight tile AHEAD tiles on (the ring
     in shared memory holds num_stages - 1 in flight; these reach 1, 3 and 5 tiles past it). Timed
@@ -112,7 +130,7 @@ def key(n: int, k: int, w_dtype: torch.dtype, x_dtype: torch.dtype) -> str:
 @dataclass
 class GemmTable:
     gpu: str
-    # key -> {M: {"impl": "cublas" | "triton" | "streamk" | "gemv", "config": {...}, "us": float, "cublas_us": float}}
+    # key -> {M: {"impl": "cublas" | "triton" | "ring" | "streamk" | "gemv", "config": {...}, "us": float, "cublas_us": float}}
     entries: dict[str, dict[int, dict]] = field(default_factory=dict)
 
     def choice(self, n: int, k: int, w_dtype: torch.dtype, x_dtype: torch.dtype, m: int) -> dict | None:
@@ -220,6 +238,8 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
             reference = default(0)
             candidates = [("triton", cfg, lambda i, c=cfg: quant.small_m_linear(x, ws[i], scale, None, c), reference)
                           for cfg in triton_candidates(m, tma=hopper_or_later(x))]
+            candidates += [("ring", cfg, lambda i, c=cfg: quant.ring_linear(x, ws[i], None, c), reference)
+                           for cfg in ring_candidates(m, x, w, scale)]
             if 1 < m <= quant.STREAMK_MAX_M and x.dtype in (torch.float16, torch.bfloat16):
                 candidates += [("streamk", cfg, lambda i, c=cfg: quant.streamk_linear(x, ws[i], scale, None, False, c),
                                 reference) for cfg in streamk_candidates(m)]

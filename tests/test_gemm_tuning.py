@@ -112,6 +112,26 @@ def test_a_streamk_choice_runs_the_streamk_op(monkeypatch):
     assert seen == [{"BLOCK_N": 64}]
 
 
+def test_a_ring_choice_runs_the_ring_op_with_swiglu_and_fp32_logits(monkeypatch):
+    """A table entry {"impl": "ring"} sends the product through quant.ring_linear (its reference on
+    the CPU) with the entry's tiles: SwiGLU in its epilogue for `glu`, the logits' dtype passed in."""
+    from shardline.kernels import activation, quant
+    from shardline.model.layers import Linear
+    w, bias = torch.randn(192, 64), torch.randn(192)
+    lin = Linear(w, bias)
+    lin.gemms = GemmTable("test GPU", {key(192, 64, torch.float32, torch.float32): {
+        16: {"impl": "ring", "config": {"BLOCK_N": 64, "SPLIT_K": 2}}}})
+    seen = []
+    real = quant.ring_linear
+    monkeypatch.setattr(quant, "ring_linear", lambda *a, **kw: seen.append((a[3], kw)) or real(*a, **kw))
+    x = torch.randn(5, 64)
+    torch.testing.assert_close(lin.glu(x), activation.silu_and_mul_ref(torch.nn.functional.linear(x, w, bias)))
+    logits = lin(x, out_dtype=torch.float64)
+    torch.testing.assert_close(logits, torch.nn.functional.linear(x, w, bias).double())
+    config = {"BLOCK_N": 64, "SPLIT_K": 2}
+    assert seen == [(config, {"glu": True, "out_dtype": None}), (config, {"glu": False, "out_dtype": torch.float64})]
+
+
 def test_glu_takes_the_tables_triton_choice_with_swiglu_in_its_epilogue(monkeypatch):
     """Linear.glu (the MLP's gate/up at batch > 1) runs the table's split-K choice with glu=True,
     and computes silu(gate) * up of the product; without a table, the product then the activation."""
@@ -149,3 +169,12 @@ def test_ahead_twins_reach_past_the_ring_and_keep_the_tile():
     twins = ahead_candidates(tile)
     assert [c.pop("AHEAD") for c in twins] == [4, 6, 8], "the ring holds num_stages - 1 tiles: start one past it"
     assert all(c == tile for c in twins) and "AHEAD" not in tile, "only AHEAD differs; the tile is not modified"
+
+
+def test_ring_candidates_only_where_the_ring_gemm_runs():
+    from shardline.gemm_tuning import RING_CONFIGS, ring_candidates
+    x, w = torch.randn(64, 128, dtype=torch.bfloat16), torch.randn(96, 128, dtype=torch.bfloat16)
+    assert ring_candidates(64, x, w, None) == [], "CPU tensors: there is no ring GEMM to time"
+    assert any(c.get("EARLY") == 0 for c in RING_CONFIGS), "the early-weights idea is timed against itself"
+    assert all(c["STAGES"] * (64 + c["BLOCK_N"]) * c["BLOCK_K"] * 2 <= 200 << 10 for c in RING_CONFIGS), \
+        "every ring fits a multiprocessor's shared memory (227 KB, less the epilogue's scratch)"

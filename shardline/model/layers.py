@@ -53,6 +53,8 @@ class Linear:
         if impl == "triton":
             return quant.small_m_linear(x, self.weight, self.scale, bias, choice["config"], glu=glu,
                                         out_dtype=out_dtype)
+        if impl == "ring":  # SwiGLU in its epilogue too, and the logits' fp32 from its sums
+            return quant.ring_linear(x, self.weight, bias, choice["config"], glu=glu, out_dtype=out_dtype)
         if impl == "streamk":  # SwiGLU in its epilogue too
             y = quant.streamk_linear(x, self.weight, self.scale, bias, glu=glu, config=choice["config"])
         else:

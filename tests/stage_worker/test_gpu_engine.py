@@ -137,6 +137,19 @@ def test_tuned_stream_k_keeps_bf16_greedy_choices(models, tmp_path):
                                                                                            ignore_eos=True)))
 
 
+def test_tuned_ring_gemm_keeps_bf16_greedy_choices(models, tmp_path):
+    """Every linear at 2-64 rows through the ring GEMM (Gluon, Hopper): SwiGLU in its epilogue
+    where the MLP is gated, biases where the model has them, the logits' fp32 from its sums."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the ring GEMM is for Hopper and later (TMA, wgmma)")
+    pytest.importorskip("triton.experimental.gluon", reason="the ring GEMM is written in Gluon")
+    table = _gemm_table(models / "bf16", tmp_path / "gemm.json", torch.bfloat16, {"impl": "ring", "config": dict(
+        BLOCK_N=64, BLOCK_K=64, STAGES=3, SPLIT_K=2)})
+    fast = LocalPipeline(models / "bf16", config=dataclasses.replace(GPU, gemm_config=table))
+    assert_reference_greedy_choices(models / "bf16", fast.generate(PROMPTS, SamplingParams(max_tokens=64,
+                                                                                           ignore_eos=True)))
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (one per TP rank); the gloo run "
                     "of the same ranks is covered on the CPU")
 def test_two_tp_ranks_on_two_gpus_match_the_cpu_ranks_and_exit(tmp_path, tiny_hf):

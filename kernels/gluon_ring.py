@@ -1,0 +1,224 @@
+"""The ring GEMM for decode at 1..64 rows (Hopper): y = x @ W.T [+ bias] [-> silu(gate) * up].
+
+Written in Gluon (Triton's explicit dialect: shared-memory rings, mbarriers, TMA, wgmma and warp
+specialisation), because what it does differently from the split-K kernel (triton_quant.py) cannot
+be said in plain Triton:
+
+- **The weights stream before the PDL wait.** No kernel writes the weights, so each program's
+  producer warp requests its first EARLY weight tiles into shared memory while the kernel ahead
+  still drains, as the batch-1 bulk GEMV does; x, which the kernel ahead writes, is requested only
+  after the wait. (Plain Triton's pipeliner hoists x's first loads above a wait placed in the loop.)
+- **A producer warp of its own.** One warp issues the TMA copies and refills a slot as soon as the
+  consumer warpgroup releases it; the consumers only wait, multiply (wgmma, 64 x BLOCK_N a
+  stage) and release. The split-K kernel's single instruction stream refills after its wgmma
+  returns.
+
+Tiles: one program per BLOCK_N weight rows (with GLU, BLOCK_N / 2 gate rows and the up rows N
+below them) and K split SPLIT_K ways in whole BLOCK_K tiles; x's 64-row tile is TMA's, which
+zero-fills rows past M and columns past K. Split partials go to a workspace and the split that
+arrives last at a tile sums them in split order (deterministic) and resets the tile's counter,
+as in the split-K kernel, whose counters this shares. One launch, no host synchronisation: safe
+to capture in a CUDA graph (warm up first, so that the counters exist before the capture).
+
+bf16 and fp16 weights of x's dtype only; int8 and fp8 stay on the split-K kernel. `shardline
+tune-gemm` times it on Hopper among the candidates (impl "ring") and the engine runs it only where
+a table chose it. Imported only when a CUDA tensor arrives on a Hopper GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ._dispatch import use_pdl
+from .quant import RING_MAX_M as MAX_M
+from .quant import ring_fits
+from .triton_quant import _tile_counters
+
+BLOCK_M = gl.constexpr(MAX_M)  # one warpgroup's wgmma rows: x's tile, whatever M <= 64 is
+
+
+@gluon.jit
+def _gdc_wait():
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _gdc_launch_dependents():
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def _request_weights(w_desc, w_ring, bar, slot, row, up_row, k, nbytes: gl.constexpr, GLU: gl.constexpr, pred):
+    """Arm `bar` for a stage's `nbytes` and request its weight tile (and with GLU the up tile)."""
+    mbarrier.expect(bar, nbytes, pred=pred)
+    WT: gl.constexpr = 2 if GLU else 1
+    tma.async_copy_global_to_shared(w_desc, [row, k], bar, w_ring.index(slot * WT), pred=pred)
+    if GLU:
+        tma.async_copy_global_to_shared(w_desc, [up_row, k], bar, w_ring.index(slot * WT + 1), pred=pred)
+
+
+@gluon.jit
+def _producer(x_desc, w_desc, x_ring, w_ring, ready, empty, row, up_row, k_lo, k_tiles,
+              STAGES: gl.constexpr, EARLY: gl.constexpr, GLU: gl.constexpr, USE_PDL: gl.constexpr):
+    """One warp. A stage's `ready` barrier completes when its x tile and weight tile(s) have landed;
+    its `empty` barrier when the consumers are done with it."""
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes * (2 if GLU else 1)
+    for s in gl.static_range(EARLY):  # the weights depend on no kernel ahead
+        _request_weights(w_desc, w_ring, ready.index(s), s, row, up_row, k_lo + s * BLOCK_K, nbytes, GLU, s < k_tiles)
+    if USE_PDL:
+        _gdc_wait()
+    for i in range(k_tiles):
+        slot = i % STAGES
+        k = k_lo + i * BLOCK_K
+        if i >= STAGES:
+            mbarrier.wait(empty.index(slot), (i // STAGES - 1) & 1)
+        if i >= EARLY:
+            _request_weights(w_desc, w_ring, ready.index(slot), slot, row, up_row, k, nbytes, GLU, True)
+        tma.async_copy_global_to_shared(x_desc, [0, k], ready.index(slot), x_ring.index(slot))
+
+
+@gluon.jit
+def _consumer(x_ring, w_ring, ready, empty, k_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              GLU: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr):
+    """The warpgroup: acc (and acc_up) [64, BLOCK_N] fp32 over this split's K tiles."""
+    if USE_PDL:
+        _gdc_wait()
+        _gdc_launch_dependents()
+    WT: gl.constexpr = 2 if GLU else 1
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, BLOCK_N, 16])
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+    acc_up = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+    for i in range(k_tiles):
+        slot = i % STAGES
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        x = x_ring.index(slot)
+        acc = warpgroup_mma(x, w_ring.index(slot * WT).permute((1, 0)), acc, is_async=True)
+        if GLU:
+            acc_up = warpgroup_mma(x, w_ring.index(slot * WT + 1).permute((1, 0)), acc_up, is_async=True)
+        acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
+        mbarrier.arrive(empty.index(slot))
+    return acc, acc_up
+
+
+@gluon.jit
+def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_om,
+                        HAS_BIAS: gl.constexpr, GLU: gl.constexpr, SPLIT_K: gl.constexpr,
+                        STAGES: gl.constexpr, EARLY: gl.constexpr, USE_PDL: gl.constexpr,
+                        num_warps: gl.constexpr):
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    WT: gl.constexpr = 2 if GLU else 1
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    row = pid_n * BLOCK_N
+    k_tiles_all = gl.cdiv(K, BLOCK_K)
+    per_split = gl.cdiv(k_tiles_all, SPLIT_K)
+    k_lo = pid_k * per_split * BLOCK_K
+    k_tiles = gl.maximum(gl.minimum(per_split, k_tiles_all - pid_k * per_split), 0)
+
+    x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
+    w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES * WT, BLOCK_N, BLOCK_K], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    acc, acc_up = gl.warp_specialize(
+        [(_consumer, (x_ring, w_ring, ready, empty, k_tiles, BLOCK_N, STAGES, GLU, USE_PDL, num_warps)),
+         (_producer, (x_desc, w_desc, x_ring, w_ring, ready, empty, row, N + row, k_lo, k_tiles, STAGES, EARLY,
+                      GLU, USE_PDL))],
+        [1], [40])
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))
+
+    out_layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
+    acc = gl.convert_layout(acc, out_layout)
+    acc_up = gl.convert_layout(acc_up, out_layout)
+    offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
+    offs_n = row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
+    n_mask = offs_n < N
+    mask = (offs_m[:, None] < M) & n_mask[None, :]
+    if SPLIT_K > 1:
+        # part is [SPLIT_K, WT, M, N] fp32; the tile's last split to arrive sums the partials.
+        tile_offs = offs_m[:, None] * N + offs_n[None, :]
+        gl.store(part_ptr + pid_k * WT * M * N + tile_offs, acc, mask=mask)
+        if GLU:
+            gl.store(part_ptr + (pid_k * WT + 1) * M * N + tile_offs, acc_up, mask=mask)
+        gl.thread_barrier()  # every thread's partial is written before the counter moves
+        arrived = gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived != SPLIT_K - 1:
+            return
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=out_layout)
+        acc_up = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=out_layout)
+        for s in gl.static_range(SPLIT_K):
+            acc += gl.load(part_ptr + s * WT * M * N + tile_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            if GLU:
+                acc_up += gl.load(part_ptr + (s * WT + 1) * M * N + tile_offs, mask=mask, other=0.0,
+                                  cache_modifier=".cg")
+        gl.atomic_xchg(count_ptr + pid_n, 0)
+    # The epilogue rounds where the unfused path (the product, then the activation) rounds.
+    dtype: gl.constexpr = out_ptr.dtype.element_ty
+    y = acc
+    if HAS_BIAS:
+        y += gl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32)[None, :]
+    if GLU:
+        u = acc_up
+        if HAS_BIAS:
+            u += gl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(gl.float32)[None, :]
+        g = y.to(dtype).to(gl.float32)
+        silu = (g / (1.0 + gl.exp(-g))).to(dtype).to(gl.float32)
+        y = silu * u.to(dtype).to(gl.float32)
+    gl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], y.to(dtype), mask=mask)
+
+
+def default_config() -> dict:
+    """128 weight rows a program (64 + 64 with GLU), 128-column K tiles, three stages (144 KB of
+    shared memory: one program a multiprocessor), all of them requested before the PDL wait."""
+    return dict(BLOCK_N=128, BLOCK_K=128, STAGES=3, SPLIT_K=1)
+
+
+def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+                      config: dict | None = None, glu: bool = False,
+                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """y [.., N] (or [.., N/2] with `glu`, w then the fused [gate; up] projection) for x [.., K]
+    and w [N, K]; `out_dtype` (not with `glu`): the output's dtype if not x's."""
+    reason = ring_fits(x, w)
+    if reason is not None:
+        raise ValueError(reason)
+    assert out_dtype is None or not glu, "SwiGLU's output is x's dtype"
+    N2, K = w.shape
+    N = N2 // 2 if glu else N2
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1 or x2.data_ptr() % 16 or (x2.stride(0) * x2.element_size()) % 16:
+        x2 = x2.clone(memory_format=torch.contiguous_format)  # TMA's rules; a fresh allocation is aligned
+    M = x2.shape[0]
+    out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out.view(*x.shape[:-1], N)
+    cfg = dict(default_config(), **(config or {}))
+    block_n = cfg["BLOCK_N"] // 2 if glu else cfg["BLOCK_N"]
+    block_k, stages, split_k = cfg["BLOCK_K"], cfg["STAGES"], cfg["SPLIT_K"]
+    early = min(cfg.get("EARLY", stages), stages)
+    elem = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    x_desc = TensorDescriptor.from_tensor(x2, [MAX_M, block_k], gl.NVMMASharedLayout.get_default_for([MAX_M, block_k], elem))
+    w_desc = TensorDescriptor.from_tensor(w, [block_n, block_k], gl.NVMMASharedLayout.get_default_for([block_n, block_k], elem))
+    tiles = -(-N // block_n)
+    if split_k > 1:
+        part = torch.empty((split_k, 2 if glu else 1, M, N), dtype=torch.float32, device=x.device)
+        counters = _tile_counters(x.device, tiles)
+    else:
+        part, counters = out, out  # unused
+    pdl = use_pdl(x2)
+    _ring_linear_kernel[(tiles, split_k)](
+        x_desc, w_desc, bias if bias is not None else out, out, part, counters, M, N, K, out.stride(0),
+        HAS_BIAS=bias is not None, GLU=glu, SPLIT_K=split_k, STAGES=stages, EARLY=early, USE_PDL=pdl,
+        num_warps=4, launch_pdl=pdl)
+    return out.view(*x.shape[:-1], N)

@@ -1,0 +1,91 @@
+"""The ring GEMM (kernels/gluon_ring.py): Gluon for Hopper, checked against the reference on the GPU
+at odd shapes; on the CPU its public op runs the reference and its operand rules are checked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_testing import assert_close, assert_graph_replays_deterministic
+from shardline.kernels.quant import linear_ref, ring_fits, ring_linear
+
+
+def _skip_unless_hopper(device: str) -> None:
+    if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the ring GEMM is Gluon for Hopper (TMA, wgmma, a producer warp); Triton's interpreter "
+                    "does not run Gluon, and the CPU path (the reference) is checked below")
+    pytest.importorskip("triton.experimental.gluon", reason="the ring GEMM is written in Gluon")
+
+
+def test_cpu_path_is_the_reference():
+    x, w, bias = torch.randn(5, 64), torch.randn(96, 64), torch.randn(96)
+    torch.testing.assert_close(ring_linear(x, w, bias), linear_ref(x, w, None, bias))
+    torch.testing.assert_close(ring_linear(x, w, None, glu=True), linear_ref(x, w, None, None, glu=True))
+    assert ring_linear(x, w, out_dtype=torch.float64).dtype == torch.float64
+    with pytest.raises(ValueError, match="even row count"):
+        ring_linear(x, w[:95], glu=True)
+
+
+def test_operand_rules_name_the_problem():
+    bf = torch.bfloat16
+    assert ring_fits(torch.randn(64, 128, dtype=bf), torch.randn(96, 128, dtype=bf)) is None
+    assert "at most 64" in ring_fits(torch.randn(65, 128, dtype=bf), torch.randn(96, 128, dtype=bf))
+    assert "bf16 or fp16" in ring_fits(torch.randn(4, 128), torch.randn(96, 128))
+    assert "bf16 or fp16" in ring_fits(torch.randn(4, 128, dtype=bf), torch.randn(96, 128, dtype=torch.float16))
+    assert "16-byte aligned" in ring_fits(torch.randn(4, 128, dtype=bf), torch.randn(96, 136, dtype=bf)[:, 1:129])
+    assert "multiple of 16 bytes" in ring_fits(torch.randn(4, 100, dtype=bf), torch.randn(96, 100, dtype=bf))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 5, 64])
+@pytest.mark.parametrize("N,K", [(200, 1000), (256, 4096)])
+@pytest.mark.parametrize("config", [dict(BLOCK_N=128, BLOCK_K=128, STAGES=3, SPLIT_K=1),
+                                    dict(BLOCK_N=64, BLOCK_K=64, STAGES=4, SPLIT_K=3),
+                                    dict(BLOCK_N=128, BLOCK_K=128, STAGES=3, SPLIT_K=1, EARLY=0),
+                                    dict(BLOCK_N=32, BLOCK_K=128, STAGES=6, SPLIT_K=4, EARLY=2)])
+@pytest.mark.parametrize("glu", [False, True])
+def test_ring_linear_matches_the_reference(device, M, N, K, config, glu):
+    """N = 200 is no multiple of the tile (the last gate tile reads up rows whose columns the store
+    drops); K = 1000 no multiple of BLOCK_K (TMA zero-fills); 1 and 5 rows leave most of x's 64-row
+    tile to TMA's zero fill; SPLIT_K = 3 or 4 leaves a split of fewer (or no) K tiles."""
+    _skip_unless_hopper(device)
+    dtype = torch.bfloat16
+    x = torch.randn(M, K, device=device, dtype=dtype)
+    w = (torch.randn(2 * N if glu else N, K, device=device) * 0.05).to(dtype)
+    bias = torch.randn(w.shape[0], device=device, dtype=dtype) if M % 2 else None
+    want = linear_ref(x, w, None, bias, glu=glu)
+    for attempt in range(2):  # the tile counters must be back at zero after each call
+        assert_close(ring_linear(x, w, bias, config, glu=glu), want, f"ring {config} glu={glu}, call {attempt + 1}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_ring_linear_writes_fp32_from_its_sums(device, dtype):
+    _skip_unless_hopper(device)
+    x = torch.randn(7, 512, device=device, dtype=dtype)
+    w = (torch.randn(320, 512, device=device) * 0.05).to(dtype)
+    for split_k in (1, 2):
+        out = ring_linear(x, w, None, dict(BLOCK_N=64, BLOCK_K=128, STAGES=3, SPLIT_K=split_k), out_dtype=torch.float32)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, x.float() @ w.float().T, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("glu", [False, True])
+def test_ring_linear_replays_in_a_graph(device, glu):
+    """Descriptors are launch arguments and the split partials meet through counters: a captured
+    graph replays the same bits, call after call."""
+    _skip_unless_hopper(device)
+    w = (torch.randn(2 * 1024 if glu else 1024, 4096, device=device) * 0.02).to(torch.bfloat16)
+    x = torch.randn(64, 4096, device=device, dtype=torch.bfloat16)
+    cfg = dict(BLOCK_N=128, BLOCK_K=128, STAGES=3, SPLIT_K=2)
+    assert_graph_replays_deterministic(lambda x: ring_linear(x, w, None, cfg, glu=glu), x,
+                                       lambda x: linear_ref(x, w, None, None, glu=glu), f"ring glu={glu}")
+
+
+@pytest.mark.gpu
+def test_operands_it_cannot_take_are_a_clear_error(device):
+    _skip_unless_hopper(device)
+    x = torch.randn(65, 128, device=device, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="at most 64"):
+        ring_linear(x, torch.randn(96, 128, device=device, dtype=torch.bfloat16))
