@@ -26,10 +26,21 @@ from shardline.config import ConfigError
 from shardline.manifest import Manifest, is_converted
 
 
+_handed_out: set[int] = set()  # ports free_port returned in this process; never handed out twice
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, and not one this process was given before. A cluster picks
+    all its ports before its processes bind them, and the kernel may offer a just-closed port
+    again; two servers given one port would both listen (gRPC sets SO_REUSEPORT unless told not
+    to) and split its connections between them."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def wait_healthy(address: str, timeout_s: float, proc: subprocess.Popen | None = None, what: str = "") -> None:

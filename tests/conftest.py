@@ -9,13 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from shardline.launcher import free_port
 from shardline.tiny import make_tiny_hf_model
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

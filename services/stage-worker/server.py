@@ -141,9 +141,16 @@ class StageWorkerProcess:
         self.config = config
         tp = init_tp_group(0, config.tp_size, config.tp_init, config.engine.device)
         engine = build_engine(config, tp)
+        # so_reuseport off: a port another server holds is an error here, not a shared listener
+        # that hands this replica's connections to a stranger.
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=512), options=[
-            ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)])
-        self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+            ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1), ("grpc.so_reuseport", 0)])
+        try:
+            self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+        except RuntimeError as e:  # grpc raises where older versions returned 0
+            raise OSError(f"cannot listen on {config.host}:{config.port} ({e}); is the port in use? pick another --port") from e
+        if self.port == 0:
+            raise OSError(f"cannot listen on {config.host}:{config.port}; is the port in use? pick another --port")
         address = f"{config.advertise_host or config.host}:{self.port}"
         model_name = config.model_name or config.random_shape or Path(config.model_dir).resolve().name
         replica_id = config.replica_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -278,4 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"shardline stage-worker: error: {e}", flush=True)
         return 2
+    except OSError as e:  # a port in use, a model directory that is not there
+        print(f"shardline stage-worker: error: {e}", flush=True)
+        return 1
     return 0

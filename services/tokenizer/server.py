@@ -107,14 +107,17 @@ async def _call(context, fn, *args, in_thread: bool = False, **kwargs):
 async def start_server(config: TokenizerServerConfig) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """Load the tokenizer, bind, start; returns the server, its health servicer and the bound port."""
     service = TokenizerService(config.model_dir)
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # a port in use is an error, not a shared listener
     tokenizer_pb2_grpc.add_TokenizerServicer_to_server(TokenizerServicer(service), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
         server)
-    port = server.add_insecure_port(config.address)
+    try:
+        port = server.add_insecure_port(config.address)
+    except RuntimeError:  # grpc raises where older versions returned 0
+        port = 0
     if port == 0:
         raise OSError(f"cannot listen on {config.address}; is the port in use? pick another --address")
     await server.start()
