@@ -3,6 +3,8 @@
 The only place the kernels read the environment, once, at import:
 
     SHARDLINE_DISABLE_TRITON=1   every op runs its `*_ref` (a debugging and bisecting switch)
+    SHARDLINE_DISABLE_GLUON=1    no Gluon kernels (the ring GEMM): tables that chose it run the
+                                 reference, tune-gemm leaves it out (bisecting a new kernel)
     SHARDLINE_PDL=0              launch decode kernels without programmatic dependent launch
                                  (Hopper and later; on by default there, see triton_pdl.py)
     SHARDLINE_GEMV_PDL=0|1       the CUDA C GEMV's PDL, in every form; unset, its bulk-copy form
@@ -24,6 +26,7 @@ import os
 import torch
 
 TRITON_DISABLED = os.environ.get("SHARDLINE_DISABLE_TRITON", "0") not in ("", "0")
+GLUON_DISABLED = os.environ.get("SHARDLINE_DISABLE_GLUON", "0") not in ("", "0")
 TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 PDL_DISABLED = os.environ.get("SHARDLINE_PDL", "1") in ("", "0")
 GEMV_PDL_ENABLED = {"": None, "0": False}.get(os.environ.get("SHARDLINE_GEMV_PDL", ""), True)
@@ -41,6 +44,8 @@ def triton_available() -> bool:
 @functools.cache
 def gluon_available() -> bool:
     """Triton's explicit dialect (`triton.experimental.gluon`) with its Hopper ops, for gluon_ring.py."""
+    if GLUON_DISABLED:
+        return False
     try:
         from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
     except ImportError:
