@@ -23,7 +23,7 @@ import sys
 import time
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 
 from shardline.launcher import ClusterConfig, LocalCluster, free_port
 from shardline.registry import Registry, ReplicaInfo
