@@ -61,7 +61,7 @@ def cublas_glu(x, w):
 def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, tiles: dict | None = None,
           extra: dict | None = None):
     """The table's choices, SwiGLU in the gate/up product's epilogue where it runs the split-K
-    kernel (as the engine runs them; `fuse_glu=False`: the activation kernel after it); with
+    kernel or the ring GEMM (as the engine runs them; `fuse_glu=False`: the activation kernel after it); with
     `all_triton`, the split-K kernel (default tiles) where the table chose cuBLAS too: Triton's
     launches overlap through PDL, cuBLAS's do not. `tiles`: {linear name: split-K tiles} to run
     instead of the table's choice; `extra`: config keys set on every split-K launch (PREFETCH: the
@@ -76,6 +76,8 @@ def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, til
         c = table.choice(*w.shape, w.dtype, x.dtype, x.shape[0])
         if c is not None and c["impl"] == "triton":
             return quant.small_m_linear(x, w, None, None, config(c["config"]))
+        if c is not None and c["impl"] == "ring":
+            return quant.ring_linear(x, w, None, c["config"])
         if all_triton:
             return quant.small_m_linear(x, w, None, None, default_small_m(x.shape[0], *w.shape, sm_count(x)))
         return F.linear(x, w)
@@ -86,6 +88,8 @@ def tuned(table: GemmTable, all_triton: bool = False, fuse_glu: bool = True, til
         c = table.choice(*w.shape, w.dtype, x.dtype, x.shape[0])
         if fuse_glu and c is not None and c["impl"] == "triton":
             return quant.small_m_linear(x, w, None, None, config(c["config"]), glu=True)
+        if fuse_glu and c is not None and c["impl"] == "ring":
+            return quant.ring_linear(x, w, None, c["config"], glu=True)
         return activation.silu_and_mul(linear("up", x, w))
     return linear, glu_linear
 
