@@ -107,17 +107,13 @@ def loaded_graph(pipeline: LocalPipeline, batch: int, context: int = 192,
     engine = pipeline.engines[0]
     graphs = engine.graphs
     key = graphs.buckets(batch, context) if graphs else None
-    if key is None:
+    if key is None or (key not in graphs.graphs and not capture):
         return None
-    if key not in graphs.graphs:
-        if not capture:
-            return None
-        graphs.graphs[key] = graphs._capture(*key)
+    graph, _ = graphs.captured(key)
     per_row = -(-context // engine.block_manager.block_size)
     num_blocks = engine.block_manager.num_blocks
     step = HostStep(positions=[context - 1] * batch, slots=[-1] * batch, seq_lens=[context] * batch,
                     tables=[[(r * per_row + j) % num_blocks for j in range(per_row)] for r in range(batch)])
-    graph, _ = graphs.graphs[key]
     graphs.load(*key, step)
     return graph
 

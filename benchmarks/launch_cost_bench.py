@@ -80,8 +80,7 @@ def main() -> None:
         impls = {"cublas": lambda x, w: torch.nn.functional.linear(x, w)}
         impls |= {name: lambda x, w, c=c: quant.small_m_linear(x, w, None, None, c) for name, c in configs.items()}
         if quant.ring_available(x):
-            from shardline.kernels.gluon_ring import default_config
-            ring = {"ring": default_config(), "ring, EARLY=0": dict(default_config(), EARLY=0)}
+            ring = {"ring": quant.ring_config(None), "ring, EARLY=0": quant.ring_config({"EARLY": 0})}
             impls |= {name: lambda x, w, c=c: quant.ring_linear(x, w, None, c) for name, c in ring.items()}
             configs |= ring
         points: dict[str, list[tuple[float, float]]] = {name: [] for name in impls}

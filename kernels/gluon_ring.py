@@ -35,7 +35,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._dispatch import use_pdl
 from .quant import RING_MAX_M as MAX_M
-from .quant import ring_fits
+from .quant import ring_config, ring_fits
 from .triton_quant import _tile_counters
 
 BLOCK_M = gl.constexpr(MAX_M)  # one warpgroup's wgmma rows: x's tile, whatever M <= 64 is
@@ -179,12 +179,6 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
     gl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], y.to(dtype), mask=mask)
 
 
-def default_config() -> dict:
-    """128 weight rows a program (64 + 64 with GLU), 128-column K tiles, three stages (144 KB of
-    shared memory: one program a multiprocessor), all of them requested before the PDL wait."""
-    return dict(BLOCK_N=128, BLOCK_K=128, STAGES=3, SPLIT_K=1)
-
-
 def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                       config: dict | None = None, glu: bool = False,
                       out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -203,7 +197,7 @@ def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
     out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0 or N == 0:
         return out.view(*x.shape[:-1], N)
-    cfg = dict(default_config(), **(config or {}))
+    cfg = ring_config(config)
     block_n = cfg["BLOCK_N"] // 2 if glu else cfg["BLOCK_N"]
     block_k, stages, split_k = cfg["BLOCK_K"], cfg["STAGES"], cfg["SPLIT_K"]
     early = min(cfg.get("EARLY", stages), stages)

@@ -28,9 +28,22 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None
     return silu_and_mul_ref(y) if glu else y
 
 
-def _check_glu(weight: torch.Tensor, glu: bool) -> None:
+def _check_glu(weight: torch.Tensor, glu: bool, out_dtype: torch.dtype | None = None) -> None:
     if glu and weight.shape[0] % 2:
         raise ValueError(f"glu needs the fused [gate; up] weight, an even row count; got {weight.shape[0]} rows")
+    if glu and out_dtype is not None:
+        raise ValueError("out_dtype is for the plain product; SwiGLU's output is x's dtype")
+
+
+def _reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
+               glu: bool, out_dtype: torch.dtype | None) -> torch.Tensor:
+    """linear_ref in `out_dtype`: what the decode GEMMs compute where their kernels do not run."""
+    y = linear_ref(x, weight, scale, bias, glu)
+    return y if out_dtype is None else y.to(out_dtype)
+
+
+def _rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
 
 
 FP8_MAX = 448.0  # the largest float8_e4m3fn
@@ -83,14 +96,11 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
     W is the fused [gate; up] projection and the result silu(gate) * up. `out_dtype` (not with
     `glu`): the result's dtype if not x's; the kernel writes it from its fp32 sums (the logits
     need no conversion kernel after it)."""
-    _check_glu(weight, glu)
-    if glu and out_dtype is not None:
-        raise ValueError("out_dtype is for the plain product; SwiGLU's output is x's dtype")
+    _check_glu(weight, glu, out_dtype)
     if use_triton(x):
         from .triton_quant import small_m_linear_triton
         return small_m_linear_triton(x, weight, scale, bias, config, glu, out_dtype)
-    y = linear_ref(x, weight, scale, bias, glu)
-    return y if out_dtype is None else y.to(out_dtype)
+    return _reference(x, weight, scale, bias, glu, out_dtype)
 
 
 STREAMK_MAX_M = 64  # above this a decode product is compute-bound: cuBLAS
@@ -100,7 +110,7 @@ def streamk_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
                    bias: torch.Tensor | None = None, glu: bool = False, config: dict | None = None) -> torch.Tensor:
     """y = x @ W.T [* scale] [+ bias] for 1..64 rows of x, by the stream-K kernel
     (triton_streamk.py); with `glu`, W is the fused [gate; up] projection and y = silu(gate) * up."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    rows = _rows(x)
     if rows > STREAMK_MAX_M:
         raise ValueError(f"the stream-K kernel takes at most {STREAMK_MAX_M} rows, got {rows}: "
                          "use cuBLAS (torch.nn.functional.linear) above that")
@@ -117,7 +127,7 @@ RING_MAX_M = 64  # the ring GEMM's x tile: one warpgroup's wgmma rows
 def ring_fits(x: torch.Tensor, w: torch.Tensor) -> str | None:
     """Why the ring GEMM cannot take the operands, or None when it can (TMA: 16-byte aligned bases
     and row strides, contiguous rows)."""
-    M = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    M = _rows(x)
     if M > RING_MAX_M:
         return f"{M} rows: the ring GEMM takes at most {RING_MAX_M} (above that the product is compute-bound)"
     if x.dtype not in (torch.float16, torch.bfloat16) or w.dtype != x.dtype:
@@ -127,6 +137,29 @@ def ring_fits(x: torch.Tensor, w: torch.Tensor) -> str | None:
     if w.stride(-1) != 1 or (w.stride(0) * w.element_size()) % 16 or w.data_ptr() % 16:
         return "the weight's rows must be contiguous and 16-byte aligned (TMA); pass a contiguous copy"
     return None
+
+
+# 128 weight rows a program (64 + 64 with GLU), 128-column K tiles, three stages (144 KB of shared
+# memory: one program a multiprocessor), all of them requested before the PDL wait (EARLY, by
+# default STAGES).
+RING_DEFAULT_CONFIG = dict(BLOCK_N=128, BLOCK_K=128, STAGES=3, SPLIT_K=1)
+
+
+def ring_config(config: dict | None) -> dict:
+    """RING_DEFAULT_CONFIG updated with `config` (a tune-gemm table's entry), or a ValueError that
+    names the key or value the ring GEMM cannot take."""
+    unknown = set(config or {}) - {"BLOCK_N", "BLOCK_K", "STAGES", "SPLIT_K", "EARLY"}
+    if unknown:
+        raise ValueError(f"ring GEMM config keys {sorted(unknown)} unknown; it takes BLOCK_N, BLOCK_K, STAGES, "
+                         "SPLIT_K and EARLY (re-run `shardline tune-gemm`)")
+    cfg = dict(RING_DEFAULT_CONFIG, **(config or {}))
+    if cfg["BLOCK_N"] not in (32, 64, 128, 256) or cfg["BLOCK_K"] not in (32, 64, 128):
+        raise ValueError(f"ring GEMM tile BLOCK_N={cfg['BLOCK_N']}, BLOCK_K={cfg['BLOCK_K']}: BLOCK_N must be one "
+                         "of 32, 64, 128, 256 (halved under SwiGLU) and BLOCK_K one of 32, 64, 128")
+    if cfg["STAGES"] < 1 or cfg["SPLIT_K"] < 1 or cfg.get("EARLY", 0) < 0:
+        raise ValueError(f"ring GEMM STAGES={cfg['STAGES']}, SPLIT_K={cfg['SPLIT_K']}, EARLY={cfg.get('EARLY')}: "
+                         "STAGES and SPLIT_K must be >= 1, EARLY >= 0")
+    return cfg
 
 
 def ring_available(x: torch.Tensor) -> bool:
@@ -140,11 +173,9 @@ def ring_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """y = x @ W.T [+ bias] for 1..64 rows of x, bf16 or fp16 weights of x's dtype, by the ring GEMM
     (gluon_ring.py: weights streamed before the PDL wait by a producer warp); with `glu`, W is the
     fused [gate; up] projection and y = silu(gate) * up. The reference off Hopper or without Gluon."""
-    _check_glu(weight, glu)
-    if glu and out_dtype is not None:
-        raise ValueError("out_dtype is for the plain product; SwiGLU's output is x's dtype")
+    _check_glu(weight, glu, out_dtype)
+    config = ring_config(config)  # a bad table entry fails the same way on every device
     if ring_available(x):  # operands it cannot take are a ValueError naming why (ring_fits)
         from .gluon_ring import ring_linear_gluon
         return ring_linear_gluon(x, weight, bias, config, glu, out_dtype)
-    y = linear_ref(x, weight, None, bias, glu)
-    return y if out_dtype is None else y.to(out_dtype)
+    return _reference(x, weight, None, bias, glu, out_dtype)

@@ -236,8 +236,10 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
             cublas_us = _time_graph_us(default, copies)
             best = {"impl": "cublas", "config": None, "us": cublas_us}
             reference = default(0)
-            candidates = [("triton", cfg, lambda i, c=cfg: quant.small_m_linear(x, ws[i], scale, None, c), reference)
-                          for cfg in triton_candidates(m, tma=hopper_or_later(x))]
+
+            def split_k(cfg: dict):
+                return lambda i: quant.small_m_linear(x, ws[i], scale, None, cfg)
+            candidates = [("triton", cfg, split_k(cfg), reference) for cfg in triton_candidates(m, tma=hopper_or_later(x))]
             candidates += [("ring", cfg, lambda i, c=cfg: quant.ring_linear(x, ws[i], None, c), reference)
                            for cfg in ring_candidates(m, x, w, scale)]
             if 1 < m <= quant.STREAMK_MAX_M and x.dtype in (torch.float16, torch.bfloat16):
@@ -273,8 +275,7 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
                     best = {"impl": impl, "config": cfg, "us": us}
             if split_k_best is not None:  # the best split-K tile, its stream reaching further ahead
                 for cfg in ahead_candidates(split_k_best[1]):
-                    us = time_candidate("triton", cfg, lambda i, c=cfg: quant.small_m_linear(x, ws[i], scale, None, c),
-                                        reference)
+                    us = time_candidate("triton", cfg, split_k(cfg), reference)
                     if us is not None and us < best["us"]:
                         best = {"impl": "triton", "config": cfg, "us": us}
             best["cublas_us"] = cublas_us

@@ -76,6 +76,15 @@ class CudaGraphRunner:
         log.info("captured %d decode graphs (batches %s x contexts %s) in %.1f s", len(self.graphs),
                  self.batch_buckets, self.context_buckets, time.perf_counter() - started)
 
+    def captured(self, key: tuple[int, int]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """(graph, output) of bucket `key` (batch, context), captured now if it was not yet."""
+        if key not in self.graphs:
+            started = time.perf_counter()
+            self.graphs[key] = self._capture(*key)
+            log.info("captured the decode graph for %d rows, context %d, in %.0f ms", *key,
+                     1e3 * (time.perf_counter() - started))
+        return self.graphs[key]
+
     def _layout(self, b: int, ctx: int) -> "StepLayout":
         return StepLayout(b, -(-ctx // self.block_size))
 
@@ -115,11 +124,7 @@ class CudaGraphRunner:
         key = self.buckets(n, step.max_seq_len)
         if key is None:
             return None
-        if key not in self.graphs:
-            started = time.perf_counter()
-            self.graphs[key] = self._capture(*key)
-            log.info("captured the decode graph for %d rows, context %d, in %.0f ms", *key,
-                     1e3 * (time.perf_counter() - started))
+        graph, out = self.captured(key)
         b, ctx = key
         layout = self._layout(b, ctx)
         host_ids = self.model.is_first and inputs.device.type == "cpu"
@@ -129,7 +134,6 @@ class CudaGraphRunner:
         if not host_ids:
             dst = self.buffer[:n] if self.model.is_first else self.hidden[:n]
             dst.copy_(inputs, non_blocking=True)
-        graph, out = self.graphs[key]
         graph.replay()
         self.num_replays += 1
         return out[:n]

@@ -36,6 +36,15 @@ def test_operand_rules_name_the_problem():
     assert "multiple of 16 bytes" in ring_fits(torch.randn(4, 100, dtype=bf), torch.randn(96, 100, dtype=bf))
 
 
+def test_bad_configs_name_the_key_or_value():
+    x, w = torch.randn(5, 64), torch.randn(96, 64)
+    assert ring_linear(x, w, None, {"BLOCK_N": 64, "EARLY": 0}).shape == (5, 96)
+    for bad, needle in (({"BLOCKN": 64}, "BLOCKN"), ({"BLOCK_N": 96}, "BLOCK_N=96"), ({"STAGES": 0}, "STAGES=0"),
+                        ({"SPLIT_K": 0}, "SPLIT_K=0"), ({"EARLY": -1}, "EARLY=-1")):
+        with pytest.raises(ValueError, match=needle):
+            ring_linear(x, w, None, bad)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 5, 64])
 @pytest.mark.parametrize("N,K", [(200, 1000), (256, 4096)])

@@ -75,7 +75,7 @@ def test_overlapped_decode_changes_no_token(one_stage):
     assert bm.num_free_blocks == bm.num_blocks, "lookahead steps must not leak KV blocks"
 
 
-@pytest.mark.parametrize("impl", ["triton", "streamk"])
+@pytest.mark.parametrize("impl", ["triton", "streamk", "ring"])
 def test_a_tuned_table_changes_no_token(converted, impl, monkeypatch):
     """A `tune-gemm` table sending every linear of batches 2-64 to one kernel: the MLP's gate/up
     goes through Linear.glu with SwiGLU in the product (the references on the CPU; the kernels in
@@ -95,7 +95,7 @@ def test_a_tuned_table_changes_no_token(converted, impl, monkeypatch):
     tuned = LocalPipeline(converted, config=config)
     for engine in tuned.engines:
         engine.model.configure_gemms(table)
-    name = "small_m_linear" if impl == "triton" else "streamk_linear"
+    name = {"triton": "small_m_linear", "streamk": "streamk_linear", "ring": "ring_linear"}[impl]
     real, glu = getattr(quant, name), []
     monkeypatch.setattr(quant, name, lambda *a, **kw: glu.append(kw.get("glu", False)) or real(*a, **kw))
     assert tuned.generate(PROMPTS[:4], sampling) == want
