@@ -25,7 +25,9 @@ import statistics
 import torch
 
 from benchmarks import decode_bench
+from shardline.config import ModelConfig
 from shardline.gemm_tuning import RING_CONFIGS, GemmTable, key, linear_shapes
+from shardline.model.random_weights import SHAPES
 
 # Besides RING_CONFIGS (tune-gemm's), tiles whose ring fits twice in a multiprocessor's shared
 # memory (96 KB), so that every program of a 224-program product is resident at once.
@@ -77,8 +79,7 @@ def main() -> None:
         ap.error(f"{args.gemm_config}: missing or tuned on another GPU (run `shardline tune-gemm`)")
     decode_bench.GEMM_CONFIG = args.gemm_config
     pipeline = decode_bench.build("llama3-8b", max_num_seqs=max(args.batch, 16))
-    cfg = pipeline.engines[0].model.config
-    shapes = linear_shapes(cfg)
+    shapes = linear_shapes(ModelConfig(**SHAPES["llama3-8b"]))
     dtype = torch.bfloat16
     table = copy.deepcopy(start)
     b = args.batch
