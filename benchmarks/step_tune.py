@@ -122,7 +122,9 @@ def main() -> None:
             print(json.dumps({"linear": name, "batch": b, "candidate": label(c), "step_ms": round(med[i], 4),
                               "rounds": [round(t, 4) for t in times[i]], "current": i == 0}), flush=True)
         if med[best] < med[0] * (1 - args.margin):
-            table.entries.setdefault(entry_key, {})[b] = dict(cands[best], step_ms=round(med[best], 4))
+            table.entries.setdefault(entry_key, {})[b] = dict(
+                {k: v for k, v in cands[best].items() if k in ("impl", "config")}, step_ms=round(med[best], 4),
+                replaced=label(cands[0]), replaced_step_ms=round(med[0], 4))
             print(f"{name}: {label(cands[0])} -> {label(cands[best])}, step {med[0]:.4f} -> {med[best]:.4f} ms",
                   flush=True)
         else:
