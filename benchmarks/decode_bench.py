@@ -26,14 +26,12 @@ from pathlib import Path
 
 import torch
 
+from shardline import step_tuning
 from shardline.config import EngineConfig, ModelConfig
 from shardline.gemm_tuning import GemmTable
-from shardline.model.random_weights import SHAPES, random_manifest, random_stage_weights
-from shardline.parallel import single_rank
+from shardline.model.random_weights import SHAPES
 from shardline.sampling import SamplingParams
-from shardline.stage_worker.engine import StageEngine
 from shardline.stage_worker.pipeline import LocalPipeline
-from shardline.stage_worker.staging import HostStep
 
 HERE = Path(__file__).resolve().parent
 
@@ -44,15 +42,10 @@ OVERLAP: bool | None = None  # --overlap / --no-overlap (None: EngineConfig's de
 
 def build(shape: str, dtype: str = "bf16", quantization: str = "none", max_num_seqs: int = 256,
           kv_bytes: int = 24 << 30, max_model_len: int = 4096, device: str = "cuda") -> LocalPipeline:
-    cfg = ModelConfig(**SHAPES[shape])
-    manifest = random_manifest(cfg, dtype, quantization=quantization)
-    config = EngineConfig(device=device, kv_cache_bytes=kv_bytes, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=8192, max_model_len=max_model_len, verify_checksums=False,
-                          gemm_config=GEMM_CONFIG, capture_graphs_at_start=False,  # times steady state: no need
-                          **({} if OVERLAP is None else {"overlap_decode": OVERLAP}))
-    weights = random_stage_weights(manifest, 0, 0, device)
-    engine = StageEngine(None, 0, single_rank(), config, manifest=manifest, weights=weights)
-    return LocalPipeline(None, config=config, engines=[engine])
+    engine = step_tuning.random_engine(ModelConfig(**SHAPES[shape]), dtype, quantization, max_num_seqs, device,
+                                       gemm_config=GEMM_CONFIG, kv_bytes=kv_bytes, max_model_len=max_model_len,
+                                       **({} if OVERLAP is None else {"overlap_decode": OVERLAP}))
+    return LocalPipeline(None, config=engine.config, engines=[engine])
 
 
 def num_params(pipeline: LocalPipeline) -> tuple[int, int]:
@@ -101,36 +94,15 @@ def decode_ms_per_step(pipeline: LocalPipeline, batch: int, prompt: int = 128, n
 
 def loaded_graph(pipeline: LocalPipeline, batch: int, context: int = 192,
                  capture: bool = False) -> torch.cuda.CUDAGraph | None:
-    """The captured decode graph of `batch` rows, its inputs loaded so that every row attends over
-    `context` tokens (the mean of a 128 + 128 run) in blocks of its own and writes nothing (slot
-    -1); None when not captured yet (with `capture`, it is captured now)."""
-    engine = pipeline.engines[0]
-    graphs = engine.graphs
-    key = graphs.buckets(batch, context) if graphs else None
-    if key is None or (key not in graphs.graphs and not capture):
-        return None
-    graph, _ = graphs.captured(key)
-    per_row = -(-context // engine.block_manager.block_size)
-    num_blocks = engine.block_manager.num_blocks
-    step = HostStep(positions=[context - 1] * batch, slots=[-1] * batch, seq_lens=[context] * batch,
-                    tables=[[(r * per_row + j) % num_blocks for j in range(per_row)] for r in range(batch)])
-    graphs.load(*key, step)
-    return graph
+    """step_tuning.loaded_graph of the pipeline's engine: every row attends over `context` tokens
+    (the mean of a 128 + 128 run)."""
+    return step_tuning.loaded_graph(pipeline.engines[0], batch, context, capture)
 
 
 def graph_replay_ms(pipeline: LocalPipeline, batch: int, context: int = 192) -> float | None:
     """GPU time of one captured decode step (no host work): what the step costs the device."""
     graph = loaded_graph(pipeline, batch, context)
-    if graph is None:
-        return None
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
-    start.record()
-    for _ in range(20):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 20
+    return step_tuning.replay_ms(graph) if graph is not None else None
 
 
 def prefill_tflops(pipeline: LocalPipeline, n: int = 2048) -> tuple[float, float]:

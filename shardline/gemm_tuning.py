@@ -301,6 +301,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     quant = p.add_mutually_exclusive_group()
     quant.add_argument("--int8", action="store_true", help="tune int8 weight-only projections")
     quant.add_argument("--fp8", action="store_true", help="tune fp8 (e4m3) weight-only projections")
+    p.add_argument("--in-step", action="store_true",
+                   help="then refine each batch's choices (<= 64 rows) in the captured decode step of a one-stage engine "
+                        "on random weights of the shape (shardline/step_tuning.py; minutes a batch; --tp 1 only)")
+    p.add_argument("--step-rounds", type=int, default=2, help="--in-step: alternating rounds a candidate")
+    p.add_argument("--step-margin", type=float, default=0.003,
+                   help="--in-step: the relative gain in step time a change of choice needs")
     p.add_argument("--out", required=True)
 
 
@@ -308,9 +314,6 @@ def run(args: argparse.Namespace) -> int:
     from shardline.manifest import Manifest
     from shardline.model.random_weights import SHAPES
 
-    if not torch.cuda.is_available():
-        print("shardline tune-gemm: error: needs a CUDA GPU; the file it writes is per GPU model", file=sys.stderr)
-        return 2
     if bool(args.shape) == bool(args.model):
         print("shardline tune-gemm: error: give exactly one of --shape or --model", file=sys.stderr)
         return 2
@@ -321,6 +324,13 @@ def run(args: argparse.Namespace) -> int:
         cfg, tp, quantization = ModelConfig(**SHAPES[args.shape]), args.tp or 1, "none"
     if args.int8 or args.fp8:
         quantization = "int8-weight-only" if args.int8 else "fp8-weight-only"
+    if args.in_step and tp != 1:
+        print(f"shardline tune-gemm: error: --in-step times the step of a one-rank engine, and these shapes are "
+              f"tp={tp}'s (a rank's step also all-reduces); tune them without --in-step", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("shardline tune-gemm: error: needs a CUDA GPU; the file it writes is per GPU model", file=sys.stderr)
+        return 2
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     batches = [int(b) for b in args.batches.split(",")]
     table, report = tune(linear_shapes(cfg, tp), batches, dtype, quantization, torch.device("cuda"),
@@ -332,6 +342,13 @@ def run(args: argparse.Namespace) -> int:
             for k, d in old.entries.items():
                 table.entries.setdefault(k, {}).update({m: v for m, v in d.items() if m not in table.entries.get(k, {})})
     table.save(out)
+    if args.in_step:
+        from shardline import step_tuning
+        small = [b for b in batches if b <= step_tuning.IN_STEP_MAX_M]
+        engine = step_tuning.random_engine(cfg, args.dtype, quantization, max_num_seqs=max(small + [16]))
+        table = step_tuning.refine(engine, table, small, cfg, dtype, rounds=args.step_rounds, margin=args.step_margin)
+        table.save(out)
+        print(f"refined the choices of batches {small} in the decode step; wrote {out}")
     total_default = sum(r["default_us"] for r in report)
     total_best = sum(r["best_us"] for r in report)
     print(f"tuned {len(report)} (shape, M) pairs on {table.gpu}: sum {total_default:.1f} us -> {total_best:.1f} us "

@@ -1,0 +1,89 @@
+"""`shardline tune-gemm --in-step` (shardline/step_tuning.py): which candidate it keeps, how a
+choice is written into the table, and its argument errors. The timing itself needs CUDA graphs;
+the GPU test refines a small model's table and checks the engine still decodes the same tokens."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from shardline import step_tuning
+from shardline.gemm_tuning import GemmTable, key
+
+K = key(4096, 4096, torch.bfloat16, torch.bfloat16)
+RING = {"impl": "ring", "config": {"BLOCK_N": 64, "BLOCK_K": 128, "STAGES": 4, "SPLIT_K": 1}}
+
+
+def test_pick_keeps_the_current_choice_unless_another_beats_it_by_the_margin():
+    assert step_tuning.pick([[4.80, 4.81], [4.79, 4.80], [5.0, 5.1]], margin=0.003)[0] == 0, "0.2% is noise"
+    chosen, medians = step_tuning.pick([[4.80, 4.82], [4.70, 4.72], [4.75, 4.74]], margin=0.003)
+    assert chosen == 1 and medians == pytest.approx([4.81, 4.71, 4.745])
+    assert step_tuning.pick([[4.8], [float("inf")], [4.6]], margin=0.003)[0] == 2, "a failed candidate never wins"
+    assert step_tuning.pick([[float("inf")], [5.0]], margin=0.003)[0] == 1, "a current choice that fails is replaced"
+
+
+def test_with_choice_writes_one_entry_of_a_copy_and_default_removes_it():
+    table = GemmTable("gpu", {K: {64: {"impl": "cublas", "config": None, "us": 11.5}}})
+    trial = step_tuning.with_choice(table, K, 16, dict(RING, step_ms=4.7))
+    assert trial.entries[K] == {64: table.entries[K][64], 16: {"impl": "ring", "config": RING["config"]}}
+    assert 16 not in table.entries[K], "the table passed in is left as it was"
+    assert trial.choice(4096, 4096, torch.bfloat16, torch.bfloat16, 16)["impl"] == "ring"
+    gone = step_tuning.with_choice(trial, K, 16, dict(step_tuning.DEFAULT))
+    assert gone.choice(4096, 4096, torch.bfloat16, torch.bfloat16, 16)["impl"] == "cublas", "16 borrows 64's again"
+    empty = step_tuning.with_choice(GemmTable("gpu", {K: {16: RING}}), K, 16, dict(step_tuning.DEFAULT))
+    assert K not in empty.entries, "no empty shape keys left behind"
+
+
+def test_current_choice_is_the_batchs_own_entry_not_a_borrowed_one():
+    table = GemmTable("gpu", {K: {64: dict(RING, us=15.0)}})
+    assert step_tuning.current_choice(table, K, 64) == RING
+    assert step_tuning.current_choice(table, K, 16) == step_tuning.DEFAULT
+    assert "no entry" in step_tuning.label(step_tuning.DEFAULT)
+    assert step_tuning.label(RING) == "ring BLOCK_N=64,BLOCK_K=128,STAGES=4,SPLIT_K=1"
+
+
+def tune_gemm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shardline.cli", "tune-gemm", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def test_in_step_refuses_tensor_parallel_shapes_by_name(tmp_path):
+    out = tune_gemm("--shape", "llama3-8b", "--tp", "2", "--in-step", "--out", str(tmp_path / "t.json"))
+    assert out.returncode == 2 and "--in-step" in out.stderr and "tp=2" in out.stderr, out.stderr
+    assert not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without a GPU gets")
+def test_tune_gemm_without_a_gpu_says_so(tmp_path):
+    out = tune_gemm("--shape", "llama3-8b", "--in-step", "--out", str(tmp_path / "t.json"))
+    assert out.returncode == 2 and "needs a CUDA GPU" in out.stderr, out.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="refining times captured decode steps on a CUDA GPU")
+def test_refine_in_step_writes_choices_the_engine_decodes_the_same_tokens_with():
+    from shardline.config import ModelConfig
+    from shardline.model.random_weights import LLAMA_SMALL
+    from shardline.sampling import SamplingParams
+    from shardline.stage_worker.pipeline import LocalPipeline
+
+    cfg = ModelConfig(**LLAMA_SMALL)
+    # fp32: the candidates differ from cuBLAS only in summation order, so greedy tokens are kept exactly
+    engine = step_tuning.random_engine(cfg, "fp32", "none", max_num_seqs=16, kv_bytes=64 << 20, max_model_len=512)
+    pipeline = LocalPipeline(None, config=engine.config, engines=[engine])
+    prompts = [[(7 * i + j) % 1000 for j in range(12)] for i in range(8)]
+    greedy = SamplingParams(max_tokens=16, ignore_eos=True)
+    before = pipeline.generate(prompts, greedy)
+    rows = []
+    table = step_tuning.refine(engine, GemmTable(torch.cuda.get_device_name()), [8], cfg, torch.float32,
+                               linears=("qkv_proj", "down_proj"), rounds=1, report=rows.append)
+    timed = [r for r in rows if "candidate" in r and "error" not in r]
+    assert {r["linear"] for r in timed} == {"qkv_proj", "down_proj"}
+    assert all(r["step_ms"] > 0 for r in timed) and sum(r["current"] for r in timed) == 2
+    assert all(m == 8 for by_m in table.entries.values() for m in by_m), "only the batch refined gets entries"
+    engine.model.configure_gemms(table)
+    engine.graphs.reset()
+    assert pipeline.generate(prompts, greedy) == before
