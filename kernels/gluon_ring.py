@@ -14,7 +14,13 @@ be said in plain Triton:
   returns.
 
 Tiles: one program per BLOCK_N weight rows (with GLU, BLOCK_N / 2 gate rows and the up rows N
-below them) and K split SPLIT_K ways in whole BLOCK_K tiles; x's 64-row tile is TMA's, which
+below them) and K split SPLIT_K ways in whole BLOCK_K tiles. Or the balanced form (SUB > 0,
+quant.ring_plan): the rows, in runs of SUB, are dealt to WAVES programs a multiprocessor as evenly
+as whole runs allow, each program's runs landing as boxes in one tile of BLOCK_N rows (a power of
+two that holds the most runs a program gets); boxes past a program's runs are requested out of
+bounds, which TMA fills with zeros without reading memory. Every program then streams the same
+bytes (give or take one run) where the tiles leave a partial last wave: gate/up of Llama-3-8B is
+224 tiles of 64 gate rows on 132 multiprocessors, or 132 programs of 6-7 runs of 16. x's 64-row tile is TMA's, which
 zero-fills rows past M and columns past K. Split partials go to a workspace and the split that
 arrives last at a tile sums them in split order (deterministic) and resets the tile's counter,
 as in the split-K kernel, whose counters this shares. One launch, no host synchronisation: safe
@@ -33,9 +39,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._dispatch import use_pdl
+from ._dispatch import sm_count, use_pdl
 from .quant import RING_MAX_M as MAX_M
-from .quant import ring_config, ring_fits
+from .quant import ring_config, ring_fits, ring_plan
 from .triton_quant import _tile_counters
 
 BLOCK_M = gl.constexpr(MAX_M)  # one warpgroup's wgmma rows: x's tile, whatever M <= 64 is
@@ -53,24 +59,42 @@ def _gdc_launch_dependents():
 
 
 @gluon.jit
-def _request_weights(w_desc, w_ring, bar, slot, row, up_row, k, nbytes: gl.constexpr, GLU: gl.constexpr, pred):
-    """Arm `bar` for a stage's `nbytes` and request its weight tile (and with GLU the up tile)."""
+def _request_weights(w_desc, w_ring, bar, slot, row, up_row, k, runs, oob_row, nbytes: gl.constexpr,
+                     GLU: gl.constexpr, BLOCK_N: gl.constexpr, pred):
+    """Arm `bar` for a stage's `nbytes` and request its weight tile (and with GLU the up tile). In
+    the balanced form the tile is BLOCK_N // BOX boxes of BOX rows; boxes past this program's
+    `runs` go to `oob_row`, past the weights' last row, so that TMA zero-fills them without reading
+    memory and the stage's byte count stays the constant the barrier expects."""
     mbarrier.expect(bar, nbytes, pred=pred)
     WT: gl.constexpr = 2 if GLU else 1
-    tma.async_copy_global_to_shared(w_desc, [row, k], bar, w_ring.index(slot * WT), pred=pred)
-    if GLU:
-        tma.async_copy_global_to_shared(w_desc, [up_row, k], bar, w_ring.index(slot * WT + 1), pred=pred)
+    BOX: gl.constexpr = w_desc.block_type.shape[0]
+    if BOX == BLOCK_N:
+        tma.async_copy_global_to_shared(w_desc, [row, k], bar, w_ring.index(slot * WT), pred=pred)
+        if GLU:
+            tma.async_copy_global_to_shared(w_desc, [up_row, k], bar, w_ring.index(slot * WT + 1), pred=pred)
+    else:
+        for j in gl.static_range(BLOCK_N // BOX):
+            live = (j < runs).to(gl.int32)
+            r = live * (row + j * BOX) + (1 - live) * oob_row
+            tma.async_copy_global_to_shared(w_desc, [r, k], bar, w_ring.index(slot * WT).slice(j * BOX, BOX), pred=pred)
+            if GLU:
+                u = live * (up_row + j * BOX) + (1 - live) * oob_row
+                tma.async_copy_global_to_shared(w_desc, [u, k], bar, w_ring.index(slot * WT + 1).slice(j * BOX, BOX),
+                                                pred=pred)
 
 
 @gluon.jit
-def _producer(x_desc, w_desc, x_ring, w_ring, ready, empty, row, up_row, k_lo, k_tiles,
-              STAGES: gl.constexpr, EARLY: gl.constexpr, GLU: gl.constexpr, USE_PDL: gl.constexpr):
+def _producer(x_desc, w_desc, x_ring, w_ring, ready, empty, row, up_row, k_lo, k_tiles, runs, oob_row,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EARLY: gl.constexpr, GLU: gl.constexpr,
+              USE_PDL: gl.constexpr):
     """One warp. A stage's `ready` barrier completes when its x tile and weight tile(s) have landed;
     its `empty` barrier when the consumers are done with it."""
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes * (2 if GLU else 1)
+    BOXES: gl.constexpr = BLOCK_N // w_desc.block_type.shape[0]
+    nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes * BOXES * (2 if GLU else 1)
     for s in gl.static_range(EARLY):  # the weights depend on no kernel ahead
-        _request_weights(w_desc, w_ring, ready.index(s), s, row, up_row, k_lo + s * BLOCK_K, nbytes, GLU, s < k_tiles)
+        _request_weights(w_desc, w_ring, ready.index(s), s, row, up_row, k_lo + s * BLOCK_K, runs, oob_row, nbytes,
+                         GLU, BLOCK_N, s < k_tiles)
     if USE_PDL:
         _gdc_wait()
     for i in range(k_tiles):
@@ -79,7 +103,8 @@ def _producer(x_desc, w_desc, x_ring, w_ring, ready, empty, row, up_row, k_lo, k
         if i >= STAGES:
             mbarrier.wait(empty.index(slot), (i // STAGES - 1) & 1)
         if i >= EARLY:
-            _request_weights(w_desc, w_ring, ready.index(slot), slot, row, up_row, k, nbytes, GLU, True)
+            _request_weights(w_desc, w_ring, ready.index(slot), slot, row, up_row, k, runs, oob_row, nbytes, GLU,
+                             BLOCK_N, True)
         tma.async_copy_global_to_shared(x_desc, [0, k], ready.index(slot), x_ring.index(slot))
 
 
@@ -109,15 +134,24 @@ def _consumer(x_ring, w_ring, ready, empty, k_tiles, BLOCK_N: gl.constexpr, STAG
 
 @gluon.jit
 def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_om,
-                        HAS_BIAS: gl.constexpr, GLU: gl.constexpr, SPLIT_K: gl.constexpr,
+                        total_runs, programs, oob_row,
+                        BLOCK_N: gl.constexpr, HAS_BIAS: gl.constexpr, GLU: gl.constexpr, SPLIT_K: gl.constexpr,
                         STAGES: gl.constexpr, EARLY: gl.constexpr, USE_PDL: gl.constexpr,
                         num_warps: gl.constexpr):
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    BOX: gl.constexpr = w_desc.block_type.shape[0]
     WT: gl.constexpr = 2 if GLU else 1
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
-    row = pid_n * BLOCK_N
+    if BOX == BLOCK_N:  # tiles of BLOCK_N rows
+        row = pid_n * BLOCK_N
+        runs = 1
+        row_end = gl.minimum(row + BLOCK_N, N)
+    else:  # balanced: program p takes runs [p * R // P, (p + 1) * R // P) of BOX rows
+        first = pid_n * total_runs // programs
+        runs = (pid_n + 1) * total_runs // programs - first
+        row = first * BOX
+        row_end = gl.minimum(row + runs * BOX, N)
     k_tiles_all = gl.cdiv(K, BLOCK_K)
     per_split = gl.cdiv(k_tiles_all, SPLIT_K)
     k_lo = pid_k * per_split * BLOCK_K
@@ -132,8 +166,8 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
         mbarrier.init(empty.index(s), count=1)
     acc, acc_up = gl.warp_specialize(
         [(_consumer, (x_ring, w_ring, ready, empty, k_tiles, BLOCK_N, STAGES, GLU, USE_PDL, num_warps)),
-         (_producer, (x_desc, w_desc, x_ring, w_ring, ready, empty, row, N + row, k_lo, k_tiles, STAGES, EARLY,
-                      GLU, USE_PDL))],
+         (_producer, (x_desc, w_desc, x_ring, w_ring, ready, empty, row, N + row, k_lo, k_tiles, runs, oob_row,
+                      BLOCK_N, STAGES, EARLY, GLU, USE_PDL))],
         [1], [40])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
@@ -144,7 +178,7 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
     acc_up = gl.convert_layout(acc_up, out_layout)
     offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
     offs_n = row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
-    n_mask = offs_n < N
+    n_mask = offs_n < row_end
     mask = (offs_m[:, None] < M) & n_mask[None, :]
     if SPLIT_K > 1:
         # part is [SPLIT_K, WT, M, N] fp32; the tile's last split to arrive sums the partials.
@@ -198,21 +232,24 @@ def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
     if M == 0 or N == 0:
         return out.view(*x.shape[:-1], N)
     cfg = ring_config(config)
-    block_n = cfg["BLOCK_N"] // 2 if glu else cfg["BLOCK_N"]
-    block_k, stages, split_k = cfg["BLOCK_K"], cfg["STAGES"], cfg["SPLIT_K"]
+    plan = ring_plan(cfg, N, K, glu, x.element_size(), sm_count(x))
+    block_n, block_k, stages, split_k = plan["BLOCK_N"], cfg["BLOCK_K"], cfg["STAGES"], cfg["SPLIT_K"]
     early = min(cfg.get("EARLY", stages), stages)
     elem = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
     x_desc = TensorDescriptor.from_tensor(x2, [MAX_M, block_k], gl.NVMMASharedLayout.get_default_for([MAX_M, block_k], elem))
-    w_desc = TensorDescriptor.from_tensor(w, [block_n, block_k], gl.NVMMASharedLayout.get_default_for([block_n, block_k], elem))
-    tiles = -(-N // block_n)
+    # The box is the whole tile, or one run of the balanced form landing in a slice of the tile:
+    # either way in the tile's shared layout.
+    w_desc = TensorDescriptor.from_tensor(w, [plan["BOX"], block_k],
+                                          gl.NVMMASharedLayout.get_default_for([block_n, block_k], elem))
     if split_k > 1:
         part = torch.empty((split_k, 2 if glu else 1, M, N), dtype=torch.float32, device=x.device)
-        counters = _tile_counters(x.device, tiles)
+        counters = _tile_counters(x.device, plan["grid"][0])
     else:
         part, counters = out, out  # unused
     pdl = use_pdl(x2)
-    _ring_linear_kernel[(tiles, split_k)](
+    _ring_linear_kernel[plan["grid"]](
         x_desc, w_desc, bias if bias is not None else out, out, part, counters, M, N, K, out.stride(0),
+        plan["runs"], plan["programs"], N2, BLOCK_N=block_n,
         HAS_BIAS=bias is not None, GLU=glu, SPLIT_K=split_k, STAGES=stages, EARLY=early, USE_PDL=pdl,
         num_warps=4, launch_pdl=pdl)
     return out.view(*x.shape[:-1], N)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._dispatch import use_triton
+from ._dispatch import sm_count, use_triton
 
 
 def quantized_linear_ref(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor,
@@ -143,15 +143,22 @@ def ring_fits(x: torch.Tensor, w: torch.Tensor) -> str | None:
 # memory: one program a multiprocessor), all of them requested before the PDL wait (EARLY, by
 # default STAGES).
 RING_DEFAULT_CONFIG = dict(BLOCK_N=128, BLOCK_K=128, STAGES=3, SPLIT_K=1)
+RING_KEYS = ("BLOCK_N", "BLOCK_K", "STAGES", "SPLIT_K", "EARLY", "SUB", "WAVES")
+RING_SMEM_BYTES = 227 * 1024  # a Hopper block's shared memory at most (the barriers take a few bytes)
 
 
 def ring_config(config: dict | None) -> dict:
     """RING_DEFAULT_CONFIG updated with `config` (a tune-gemm table's entry), or a ValueError that
-    names the key or value the ring GEMM cannot take."""
-    unknown = set(config or {}) - {"BLOCK_N", "BLOCK_K", "STAGES", "SPLIT_K", "EARLY"}
+    names the key or value the ring GEMM cannot take.
+
+    SUB > 0 is the balanced form: the rows are dealt to WAVES programs a multiprocessor (default 1)
+    in runs of SUB rows, as evenly as whole runs allow, so that every program streams the same
+    bytes whatever N is (the tiled form leaves a partial last wave: 224 programs of gate/up are
+    1.7 waves on 132 multiprocessors); BLOCK_N then follows from N (ring_plan), and K is not split."""
+    unknown = set(config or {}) - set(RING_KEYS)
     if unknown:
-        raise ValueError(f"ring GEMM config keys {sorted(unknown)} unknown; it takes BLOCK_N, BLOCK_K, STAGES, "
-                         "SPLIT_K and EARLY (re-run `shardline tune-gemm`)")
+        raise ValueError(f"ring GEMM config keys {sorted(unknown)} unknown; it takes {', '.join(RING_KEYS)} "
+                         "(re-run `shardline tune-gemm`)")
     cfg = dict(RING_DEFAULT_CONFIG, **(config or {}))
     if cfg["BLOCK_N"] not in (32, 64, 128, 256) or cfg["BLOCK_K"] not in (32, 64, 128):
         raise ValueError(f"ring GEMM tile BLOCK_N={cfg['BLOCK_N']}, BLOCK_K={cfg['BLOCK_K']}: BLOCK_N must be one "
@@ -159,7 +166,39 @@ def ring_config(config: dict | None) -> dict:
     if cfg["STAGES"] < 1 or cfg["SPLIT_K"] < 1 or cfg.get("EARLY", 0) < 0:
         raise ValueError(f"ring GEMM STAGES={cfg['STAGES']}, SPLIT_K={cfg['SPLIT_K']}, EARLY={cfg.get('EARLY')}: "
                          "STAGES and SPLIT_K must be >= 1, EARLY >= 0")
+    if cfg.get("SUB", 0) not in (0, 8, 16, 32, 64) or cfg.get("WAVES", 1) < 1:
+        raise ValueError(f"ring GEMM SUB={cfg.get('SUB')}, WAVES={cfg.get('WAVES')}: SUB is 0 (tiles of "
+                         "BLOCK_N) or the rows of a run, one of 8, 16, 32, 64; WAVES (programs a multiprocessor) >= 1")
+    if cfg.get("SUB", 0) and cfg["SPLIT_K"] != 1:
+        raise ValueError(f"ring GEMM SUB={cfg['SUB']} with SPLIT_K={cfg['SPLIT_K']}: the balanced form does not "
+                         "split K; drop SPLIT_K or SUB")
     return cfg
+
+
+def ring_plan(cfg: dict, n: int, k: int, glu: bool, elem_bytes: int, num_sms: int) -> dict:
+    """How a validated ring config runs N output rows (gate rows under `glu`) over K: the rows a
+    program covers (BLOCK_N, each half under `glu`), the weight box TMA loads (BOX rows), the grid,
+    and for the balanced form the row runs and programs; a ValueError when the tile cannot fit."""
+    block_k, stages = cfg["BLOCK_K"], cfg["STAGES"]
+    sub = cfg.get("SUB", 0)
+    if sub:
+        runs = -(-n // sub)
+        programs = min(cfg.get("WAVES", 1) * num_sms, runs)
+        per = -(-runs // programs)
+        block_n = max(sub * (1 << (per - 1).bit_length()), 16)  # a power of two, at least wgmma's 16
+        if block_n > 256:
+            raise ValueError(f"ring GEMM SUB={sub}: {n} rows over {programs} programs is {per} runs of {sub} "
+                             f"a program, {block_n} rows, above wgmma's 256; raise WAVES")
+        plan = dict(BLOCK_N=block_n, BOX=sub, grid=(programs, 1), runs=runs, programs=programs)
+    else:
+        block_n = cfg["BLOCK_N"] // 2 if glu else cfg["BLOCK_N"]
+        plan = dict(BLOCK_N=block_n, BOX=block_n, grid=(-(-n // block_n), cfg["SPLIT_K"]), runs=0, programs=0)
+    smem = stages * (RING_MAX_M + (2 if glu else 1) * block_n) * block_k * elem_bytes
+    if smem > RING_SMEM_BYTES:
+        raise ValueError(f"ring GEMM {block_n} rows{' x 2 (SwiGLU)' if glu else ''} by {block_k} over {stages} "
+                         f"stages needs {smem // 1024} KB of shared memory, above {RING_SMEM_BYTES // 1024}; "
+                         "fewer STAGES or a smaller BLOCK_K")
+    return plan
 
 
 def ring_available(x: torch.Tensor) -> bool:
@@ -174,7 +213,9 @@ def ring_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     (gluon_ring.py: weights streamed before the PDL wait by a producer warp); with `glu`, W is the
     fused [gate; up] projection and y = silu(gate) * up. The reference off Hopper or without Gluon."""
     _check_glu(weight, glu, out_dtype)
-    config = ring_config(config)  # a bad table entry fails the same way on every device
+    config = ring_config(config)  # a bad table entry fails the same way on every device ...
+    n, k = weight.shape
+    ring_plan(config, n // 2 if glu else n, k, glu, 2, sm_count(x))  # ... as does one that cannot fit (16-bit operands)
     if ring_available(x):  # operands it cannot take are a ValueError naming why (ring_fits)
         from .gluon_ring import ring_linear_gluon
         return ring_linear_gluon(x, weight, bias, config, glu, out_dtype)

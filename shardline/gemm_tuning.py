@@ -73,6 +73,12 @@ RING_CONFIGS = [dict(BLOCK_N=bn, BLOCK_K=bk, STAGES=st, SPLIT_K=sk) for bn, bk, 
     (128, 128, 3, 1), (128, 128, 4, 1), (128, 128, 3, 2), (64, 128, 4, 1), (64, 128, 4, 2), (64, 128, 6, 2),
     (128, 64, 6, 1), (256, 64, 3, 1), (32, 128, 6, 4), (64, 128, 4, 4))]
 RING_CONFIGS += [dict(RING_CONFIGS[0], EARLY=0)]
+# ... and its balanced form (SUB rows a run, runs dealt evenly to WAVES programs a multiprocessor):
+# every program streams the same bytes, where the tiles leave a partial last wave. A tile that
+# cannot fit a shape (shared memory, wgmma's 256 rows) is a ValueError, and no candidate there.
+RING_CONFIGS += [dict(SUB=sub, BLOCK_K=bk, STAGES=st, WAVES=wv) for sub, bk, st, wv in (
+    (16, 64, 5, 1), (16, 64, 4, 1), (16, 128, 6, 1), (16, 128, 4, 1), (32, 64, 5, 1), (8, 128, 6, 1),
+    (16, 64, 3, 2), (16, 64, 3, 4))]
 
 
 def ring_candidates(m: int, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> list[dict]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernel_testing import assert_close, assert_graph_replays_deterministic
-from shardline.kernels.quant import linear_ref, ring_fits, ring_linear
+from shardline.kernels.quant import linear_ref, ring_config, ring_fits, ring_linear, ring_plan
 
 
 def _skip_unless_hopper(device: str) -> None:
@@ -40,23 +40,46 @@ def test_bad_configs_name_the_key_or_value():
     x, w = torch.randn(5, 64), torch.randn(96, 64)
     assert ring_linear(x, w, None, {"BLOCK_N": 64, "EARLY": 0}).shape == (5, 96)
     for bad, needle in (({"BLOCKN": 64}, "BLOCKN"), ({"BLOCK_N": 96}, "BLOCK_N=96"), ({"STAGES": 0}, "STAGES=0"),
-                        ({"SPLIT_K": 0}, "SPLIT_K=0"), ({"EARLY": -1}, "EARLY=-1")):
+                        ({"SPLIT_K": 0}, "SPLIT_K=0"), ({"EARLY": -1}, "EARLY=-1"), ({"SUB": 12}, "SUB=12"),
+                        ({"SUB": 16, "WAVES": 0}, "WAVES=0"), ({"SUB": 16, "SPLIT_K": 2}, "does not split K"),
+                        ({"BLOCK_N": 256, "BLOCK_K": 128, "STAGES": 4}, "KB of shared memory")):
         with pytest.raises(ValueError, match=needle):
             ring_linear(x, w, None, bad)
 
 
+def test_balanced_form_deals_every_program_the_same_runs_give_or_take_one():
+    """gate/up of Llama-3-8B on 132 multiprocessors: the tiled form's 224 programs are 1.7 waves;
+    the balanced form's 132 programs take 6 or 7 runs of 16 rows each, in one 128-row tile."""
+    plan = ring_plan(ring_config({"SUB": 16, "BLOCK_K": 64, "STAGES": 5}), 14336, 4096, True, 2, 132)
+    assert (plan["BLOCK_N"], plan["BOX"], plan["grid"], plan["runs"]) == (128, 16, (132, 1), 896)
+    R, P = plan["runs"], plan["programs"]
+    runs = [(p + 1) * R // P - p * R // P for p in range(P)]  # the kernel's split
+    assert sum(runs) == R and max(runs) - min(runs) <= 1 and max(runs) * 16 <= plan["BLOCK_N"]
+    tiled = ring_plan(ring_config({"BLOCK_N": 128, "BLOCK_K": 128, "STAGES": 3}), 14336, 4096, True, 2, 132)
+    assert tiled["grid"] == (224, 1) and tiled["BLOCK_N"] == tiled["BOX"] == 64
+    head = ring_config({"SUB": 16, "BLOCK_K": 64, "STAGES": 3})
+    with pytest.raises(ValueError, match="above wgmma's 256; raise WAVES"):
+        ring_plan(head, 128256, 4096, False, 2, 132)
+    assert ring_plan(dict(head, WAVES=4), 128256, 4096, False, 2, 132)["grid"] == (528, 1)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 5, 64])
-@pytest.mark.parametrize("N,K", [(200, 1000), (256, 4096)])
+@pytest.mark.parametrize("N,K", [(200, 1000), (256, 4096), (3996, 512)])
 @pytest.mark.parametrize("config", [dict(BLOCK_N=128, BLOCK_K=128, STAGES=3, SPLIT_K=1),
                                     dict(BLOCK_N=64, BLOCK_K=64, STAGES=4, SPLIT_K=3),
                                     dict(BLOCK_N=128, BLOCK_K=128, STAGES=3, SPLIT_K=1, EARLY=0),
-                                    dict(BLOCK_N=32, BLOCK_K=128, STAGES=6, SPLIT_K=4, EARLY=2)])
+                                    dict(BLOCK_N=32, BLOCK_K=128, STAGES=6, SPLIT_K=4, EARLY=2),
+                                    dict(SUB=16, BLOCK_K=64, STAGES=4),
+                                    dict(SUB=8, BLOCK_K=128, STAGES=3, EARLY=1)])
 @pytest.mark.parametrize("glu", [False, True])
 def test_ring_linear_matches_the_reference(device, M, N, K, config, glu):
     """N = 200 is no multiple of the tile (the last gate tile reads up rows whose columns the store
     drops); K = 1000 no multiple of BLOCK_K (TMA zero-fills); 1 and 5 rows leave most of x's 64-row
-    tile to TMA's zero fill; SPLIT_K = 3 or 4 leaves a split of fewer (or no) K tiles."""
+    tile to TMA's zero fill; SPLIT_K = 3 or 4 leaves a split of fewer (or no) K tiles. The balanced
+    form (SUB): at N = 3996 and SUB = 8, 500 runs over 132 programs are 3 or 4 a program in a
+    32-row tile, so boxes past a program's runs go out of bounds (zero-filled, no bytes read),
+    and the last run is half past N."""
     _skip_unless_hopper(device)
     dtype = torch.bfloat16
     x = torch.randn(M, K, device=device, dtype=dtype)

@@ -137,14 +137,16 @@ def test_tuned_stream_k_keeps_bf16_greedy_choices(models, tmp_path):
                                                                                            ignore_eos=True)))
 
 
-def test_tuned_ring_gemm_keeps_bf16_greedy_choices(models, tmp_path):
-    """Every linear at 2-64 rows through the ring GEMM (Gluon, Hopper): SwiGLU in its epilogue
-    where the MLP is gated, biases where the model has them, the logits' fp32 from its sums."""
+@pytest.mark.parametrize("ring", [dict(BLOCK_N=64, BLOCK_K=64, STAGES=3, SPLIT_K=2),
+                                  dict(SUB=16, BLOCK_K=64, STAGES=3)], ids=["tiled", "balanced"])
+def test_tuned_ring_gemm_keeps_bf16_greedy_choices(models, tmp_path, ring):
+    """Every linear at 2-64 rows through the ring GEMM (Gluon, Hopper), tiled with K split or in
+    its balanced form: SwiGLU in its epilogue where the MLP is gated, biases where the model has
+    them, the logits' fp32 from its sums."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the ring GEMM is for Hopper and later (TMA, wgmma)")
     pytest.importorskip("triton.experimental.gluon", reason="the ring GEMM is written in Gluon")
-    table = _gemm_table(models / "bf16", tmp_path / "gemm.json", torch.bfloat16, {"impl": "ring", "config": dict(
-        BLOCK_N=64, BLOCK_K=64, STAGES=3, SPLIT_K=2)})
+    table = _gemm_table(models / "bf16", tmp_path / "gemm.json", torch.bfloat16, {"impl": "ring", "config": ring})
     fast = LocalPipeline(models / "bf16", config=dataclasses.replace(GPU, gemm_config=table))
     assert_reference_greedy_choices(models / "bf16", fast.generate(PROMPTS, SamplingParams(max_tokens=64,
                                                                                            ignore_eos=True)))
