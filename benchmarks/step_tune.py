@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--gemm-config", required=True, help="the table to start from (tune-gemm's)")
     ap.add_argument("--linears", default=",".join(step_tuning.LINEARS))
     ap.add_argument("--attention", action="store_true", help="then time ATTENTION_VARIANTS in the step")
+    ap.add_argument("--impls", help="only candidates of these implementations, comma-separated "
+                    "(default, cublas, triton, ring, gemv), besides each linear's current choice")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--margin", type=float, default=0.003, help="relative gain in step time a change needs")
     ap.add_argument("--out", required=True)
@@ -63,7 +65,8 @@ def main() -> None:
     engine = pipeline.engines[0]
     b = args.batch
     table = step_tuning.refine(engine, start, [b], cfg, torch.bfloat16, tuple(args.linears.split(",")),
-                               rounds=args.rounds, margin=args.margin)
+                               rounds=args.rounds, margin=args.margin,
+                               impls=set(args.impls.split(",")) if args.impls else None)
     if args.attention:
         times: list[list[float]] = [[] for _ in ATTENTION_VARIANTS]
         for _ in range(args.rounds):

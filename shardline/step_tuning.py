@@ -177,10 +177,12 @@ def _agrees(lin, choice: dict, m: int, x_dtype: torch.dtype) -> bool:
 
 def refine(engine, table: GemmTable, batches: list[int], cfg: ModelConfig, x_dtype: torch.dtype,
            linears: tuple[str, ...] = LINEARS, rounds: int = 2, margin: float = 0.003,
-           report: Callable[[dict], None] = lambda row: print(json.dumps(row), flush=True)) -> GemmTable:
+           report: Callable[[dict], None] = lambda row: print(json.dumps(row), flush=True),
+           impls: set[str] | None = None) -> GemmTable:
     """`table` with each (linear, batch) entry replaced by the fastest candidate in the step. Batches
     above IN_STEP_MAX_M are left as they are; the others go largest first, so that a batch whose
-    best is no entry of its own borrows a larger batch's final choice."""
+    best is no entry of its own borrows a larger batch's final choice. `impls`: only candidates of
+    these implementations ("default", "cublas", "triton", "ring", "gemv"), besides the current one."""
     table = copy.deepcopy(table)
     shapes = linear_shapes(cfg)
     lins = _linears(engine)
@@ -191,7 +193,8 @@ def refine(engine, table: GemmTable, batches: list[int], cfg: ModelConfig, x_dty
             entry_key = key(n, k, lin.weight.dtype, x_dtype)
             current = current_choice(table, entry_key, b)
             x = torch.empty(b, k, device=lin.weight.device, dtype=x_dtype)
-            cands = [c for c in candidates(current, b, x, lin.weight, lin.scale) if c is current or _agrees(lin, c, b, x_dtype)]
+            cands = [c for c in candidates(current, b, x, lin.weight, lin.scale)
+                     if c is current or ((impls is None or c["impl"] in impls) and _agrees(lin, c, b, x_dtype))]
             times: list[list[float]] = [[] for _ in cands]
             for _ in range(rounds):
                 for i, c in enumerate(cands):
