@@ -159,15 +159,18 @@ def _linears(engine) -> dict[str, object]:
             "down_proj": layer.down_proj, "lm_head": model.lm_head}
 
 
-def _agrees(lin, choice: dict, m: int, x_dtype: torch.dtype) -> bool:
-    """The candidate's product of m random rows and the linear's weights against the reference."""
-    from shardline.kernels import quant
+def _agrees(lin, choice: dict, m: int, x_dtype: torch.dtype, glu: bool) -> bool:
+    """The candidate's product of m random rows and the linear's weights against the reference, in
+    the form the engine runs it (`glu`: the gated MLP's silu(gate) * up, fused where it can be)."""
+    from shardline.kernels import activation, quant
     n, k = lin.weight.shape
     x = torch.randn(m, k, device=lin.weight.device, dtype=x_dtype) * 0.5
     ref = (F.linear(x, lin.weight) if lin.scale is None else quant.quantized_linear(x, lin.weight, lin.scale))
     saved = lin.gemms
     try:
         lin.gemms = with_choice(GemmTable("this"), key(n, k, lin.weight.dtype, x.dtype), m, choice)
+        if glu:  # Linear.glu adds the bias, where the model has one
+            return agrees(lin.glu(x), activation.silu_and_mul_ref(ref if lin.bias is None else ref + lin.bias))
         return agrees(lin(x, add_bias=False), ref)
     except Exception:  # noqa: BLE001 - a tile that does not compile or take these operands is no candidate
         return False
@@ -194,7 +197,7 @@ def refine(engine, table: GemmTable, batches: list[int], cfg: ModelConfig, x_dty
             current = current_choice(table, entry_key, b)
             x = torch.empty(b, k, device=lin.weight.device, dtype=x_dtype)
             cands = [c for c in candidates(current, b, x, lin.weight, lin.scale)
-                     if c is current or ((impls is None or c["impl"] in impls) and _agrees(lin, c, b, x_dtype))]
+                     if c is current or ((impls is None or c["impl"] in impls) and _agrees(lin, c, b, x_dtype, glu=name == "up_proj" and cfg.activation == "silu_glu"))]
             times: list[list[float]] = [[] for _ in cands]
             for _ in range(rounds):
                 for i, c in enumerate(cands):

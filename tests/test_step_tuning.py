@@ -87,3 +87,17 @@ def test_refine_in_step_writes_choices_the_engine_decodes_the_same_tokens_with()
     engine.model.configure_gemms(table)
     engine.graphs.reset()
     assert pipeline.generate(prompts, greedy) == before
+
+
+def test_a_candidate_is_checked_in_the_form_the_engine_runs_it():
+    """The gated MLP's gate/up is checked as silu(gate) * up through Linear.glu (where the ring and
+    split-K kernels fuse it), the others as the plain product; an entry that cannot run is no
+    candidate. On the CPU every implementation is its reference, so all of these agree."""
+    from shardline.model.layers import Linear
+    lin = Linear(torch.randn(64, 32) * 0.1, bias=torch.randn(64) * 0.1)
+    for choice in ({"impl": "cublas", "config": None}, {"impl": "ring", "config": {"SUB": 16}},
+                   {"impl": "triton", "config": {"BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 2}}):
+        assert step_tuning._agrees(lin, choice, 4, torch.float32, glu=True), choice
+        assert step_tuning._agrees(lin, choice, 4, torch.float32, glu=False), choice
+    assert not step_tuning._agrees(lin, {"impl": "ring", "config": {"SUB": 12}}, 4, torch.float32, glu=False)
+    assert lin.gemms is None, "the linear's own table is put back"
