@@ -4,7 +4,9 @@
         --out gemm-h200-step.json [--linears qkv_proj,o_proj] [--attention]
 
 The refinement is `shardline tune-gemm --in-step`'s (shardline/step_tuning.py), run here on a
-table that already exists, on the Llama-3-8B shape, for one batch and the linears named. Then,
+table that already exists, on a built-in shape (Llama-3-8B by default; `--quant int8|fp8`: its
+projections weight-only quantized), for one batch and the linears named; at `--batch 1` the
+candidates are the GEMV's tiles (`--impls gemv`), which timed alone cannot show what PDL gains. Then,
 with `--attention`, the decode attention's tiles and forced context splits are timed in the same
 step (a question for the kernel's defaults, not a table entry), and last the start and end tables
 are A/B'd by whole decode runs (decode_bench's ms/step, the bars' measure), alternated twice.
@@ -47,6 +49,8 @@ def attention_step_ms(engine, table: GemmTable, batch: int, variant: dict) -> fl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
+    ap.add_argument("--quant", choices=["int8", "fp8"], help="weight-only quantization of the projections")
     ap.add_argument("--gemm-config", required=True, help="the table to start from (tune-gemm's)")
     ap.add_argument("--linears", default=",".join(step_tuning.LINEARS))
     ap.add_argument("--attention", action="store_true", help="then time ATTENTION_VARIANTS in the step")
@@ -60,8 +64,9 @@ def main() -> None:
     start = GemmTable.load(args.gemm_config, torch.device("cuda"))
     if start is None:
         ap.error(f"{args.gemm_config}: missing or tuned on another GPU (run `shardline tune-gemm`)")
-    cfg = ModelConfig(**SHAPES["llama3-8b"])
-    pipeline = decode_bench.build("llama3-8b", max_num_seqs=max(args.batch, 16))
+    cfg = ModelConfig(**SHAPES[args.shape])
+    pipeline = decode_bench.build(args.shape, quantization=f"{args.quant}-weight-only" if args.quant else "none",
+                                  max_num_seqs=max(args.batch, 16))
     engine = pipeline.engines[0]
     b = args.batch
     table = step_tuning.refine(engine, start, [b], cfg, torch.bfloat16, tuple(args.linears.split(",")),
