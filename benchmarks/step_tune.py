@@ -61,6 +61,10 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
+    impls = set(args.impls.split(",")) if args.impls else None
+    if impls and not impls <= step_tuning.IMPLS:
+        ap.error(f"--impls {args.impls}: unknown {sorted(impls - step_tuning.IMPLS)}; "
+                 f"choose from {','.join(sorted(step_tuning.IMPLS))}")
     start = GemmTable.load(args.gemm_config, torch.device("cuda"))
     if start is None:
         ap.error(f"{args.gemm_config}: missing or tuned on another GPU (run `shardline tune-gemm`)")
@@ -71,7 +75,7 @@ def main() -> None:
     b = args.batch
     table = step_tuning.refine(engine, start, [b], cfg, torch.bfloat16, tuple(args.linears.split(",")),
                                rounds=args.rounds, margin=args.margin,
-                               impls=set(args.impls.split(",")) if args.impls else None)
+                               impls=impls)
     if args.attention:
         times: list[list[float]] = [[] for _ in ATTENTION_VARIANTS]
         for _ in range(args.rounds):

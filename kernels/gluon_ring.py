@@ -39,9 +39,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._dispatch import sm_count, use_pdl
+from ._dispatch import use_pdl
 from .quant import RING_MAX_M as MAX_M
-from .quant import ring_config, ring_fits, ring_plan
+from .quant import ring_fits
 from .triton_quant import _tile_counters
 
 BLOCK_M = gl.constexpr(MAX_M)  # one warpgroup's wgmma rows: x's tile, whatever M <= 64 is
@@ -213,11 +213,12 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
     gl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], y.to(dtype), mask=mask)
 
 
-def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-                      config: dict | None = None, glu: bool = False,
-                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, cfg: dict, plan: dict,
+                      glu: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """y [.., N] (or [.., N/2] with `glu`, w then the fused [gate; up] projection) for x [.., K]
-    and w [N, K]; `out_dtype` (not with `glu`): the output's dtype if not x's."""
+    and w [N, K]; `out_dtype` (not with `glu`): the output's dtype if not x's. `cfg` and `plan`:
+    quant.ring_config's validated config and quant.ring_plan's tile and grid for these operands
+    (quant.ring_linear, the one caller, makes both on every device)."""
     reason = ring_fits(x, w)
     if reason is not None:
         raise ValueError(reason)
@@ -231,8 +232,6 @@ def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
     out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0 or N == 0:
         return out.view(*x.shape[:-1], N)
-    cfg = ring_config(config)
-    plan = ring_plan(cfg, N, K, glu, x.element_size(), sm_count(x))
     block_n, block_k, stages, split_k = plan["BLOCK_N"], cfg["BLOCK_K"], cfg["STAGES"], cfg["SPLIT_K"]
     early = min(cfg.get("EARLY", stages), stages)
     elem = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16

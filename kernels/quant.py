@@ -215,8 +215,8 @@ def ring_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     _check_glu(weight, glu, out_dtype)
     config = ring_config(config)  # a bad table entry fails the same way on every device ...
     n, k = weight.shape
-    ring_plan(config, n // 2 if glu else n, k, glu, 2, sm_count(x))  # ... as does one that cannot fit (16-bit operands)
-    if ring_available(x):  # operands it cannot take are a ValueError naming why (ring_fits)
+    plan = ring_plan(config, n // 2 if glu else n, k, glu, 2, sm_count(x))  # ... as does one that cannot fit
+    if ring_available(x):  # operands it cannot take are a ValueError naming why (ring_fits: 16-bit only)
         from .gluon_ring import ring_linear_gluon
-        return ring_linear_gluon(x, weight, bias, config, glu, out_dtype)
+        return ring_linear_gluon(x, weight, bias, config, plan, glu, out_dtype)
     return _reference(x, weight, None, bias, glu, out_dtype)

@@ -90,6 +90,15 @@ def ring_candidates(m: int, x: torch.Tensor, w: torch.Tensor, scale: torch.Tenso
     return list(RING_CONFIGS)
 
 
+def gemv_candidates(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> list[dict]:
+    """GEMV_CONFIGS the GEMV kernels take for these operands: the Triton tiles always, the CUDA C
+    ones where that kernel fits (its bulk-copy form on Hopper only)."""
+    from shardline.kernels import cuda_gemv
+    from shardline.kernels._dispatch import hopper_or_later
+    return [c for c in GEMV_CONFIGS if c["backend"] == "triton"
+            or (cuda_gemv.fits(x, w, scale, None) and (not c.get("BULK") or hopper_or_later(x)))]
+
+
 def ahead_candidates(cfg: dict) -> list[dict]:
     """Twins of a split-K tile whose loop also asks L2 for the weight tile AHEAD tiles on (the ring
     in shared memory holds num_stages - 1 in flight; these reach 1, 3 and 5 tiles past it). Timed
@@ -219,7 +228,7 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
          device: torch.device, quantized_names: set[str] | None = None) -> tuple[GemmTable, list[dict]]:
     """`quantization`: "none" or a weight-only scheme (kernels.quant.WEIGHT_ONLY), applied to the
     shapes in `quantized_names` (default: all)."""
-    from shardline.kernels import cuda_gemv, gemv, quant
+    from shardline.kernels import gemv, quant
     from shardline.kernels._dispatch import hopper_or_later
 
     table = GemmTable(torch.cuda.get_device_name(device))
@@ -253,9 +262,8 @@ def tune(shapes: dict[str, tuple[int, int]], batches: list[int], x_dtype: torch.
                                 reference) for cfg in streamk_candidates(m)]
             if gemv.fits(x, w) and name in GEMV_FUSION:
                 run_gemv, gemv_reference = _gemv_runner(x, ws, scale, *GEMV_FUSION[name])
-                candidates += [("gemv", cfg, lambda i, c=cfg: run_gemv(i, c), gemv_reference) for cfg in GEMV_CONFIGS
-                               if cfg["backend"] == "triton" or (cuda_gemv.fits(x, w, scale, None)
-                                                                 and (not cfg.get("BULK") or hopper_or_later(x)))]
+                candidates += [("gemv", cfg, lambda i, c=cfg: run_gemv(i, c), gemv_reference)
+                               for cfg in gemv_candidates(x, w, scale)]
             gemv_best = None
             split_k_best: tuple[float, dict] | None = None
 
@@ -330,6 +338,11 @@ def run(args: argparse.Namespace) -> int:
         cfg, tp, quantization = ModelConfig(**SHAPES[args.shape]), args.tp or 1, "none"
     if args.int8 or args.fp8:
         quantization = "int8-weight-only" if args.int8 else "fp8-weight-only"
+    if args.in_step and (args.step_rounds < 1 or not 0 <= args.step_margin < 1):
+        print(f"shardline tune-gemm: error: --step-rounds {args.step_rounds} and --step-margin {args.step_margin}: "
+              "rounds must be >= 1 and the margin a fraction in [0, 1), e.g. --step-rounds 2 --step-margin 0.003",
+              file=sys.stderr)
+        return 2
     if args.in_step and tp != 1:
         print(f"shardline tune-gemm: error: --in-step times the step of a one-rank engine, and these shapes are "
               f"tp={tp}'s (a rank's step also all-reduces); tune them without --in-step", file=sys.stderr)
@@ -351,10 +364,15 @@ def run(args: argparse.Namespace) -> int:
     if args.in_step:
         from shardline import step_tuning
         small = [b for b in batches if b <= step_tuning.IN_STEP_MAX_M]
-        engine = step_tuning.random_engine(cfg, args.dtype, quantization, max_num_seqs=max(small + [16]))
-        table = step_tuning.refine(engine, table, small, cfg, dtype, rounds=args.step_rounds, margin=args.step_margin)
-        table.save(out)
-        print(f"refined the choices of batches {small} in the decode step; wrote {out}")
+        if not small:
+            print(f"--in-step: no batch of at most {step_tuning.IN_STEP_MAX_M} rows in --batches {args.batches}; "
+                  "nothing to refine (above that cuBLAS is the choice)")
+        else:
+            engine = step_tuning.random_engine(cfg, args.dtype, quantization, max_num_seqs=max(small + [16]))
+            table = step_tuning.refine(engine, table, small, cfg, dtype, rounds=args.step_rounds,
+                                       margin=args.step_margin)
+            table.save(out)
+            print(f"refined the choices of batches {small} in the decode step; wrote {out}")
     total_default = sum(r["default_us"] for r in report)
     total_best = sum(r["best_us"] for r in report)
     print(f"tuned {len(report)} (shape, M) pairs on {table.gpu}: sum {total_default:.1f} us -> {total_best:.1f} us "

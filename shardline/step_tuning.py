@@ -29,12 +29,13 @@ import torch
 import torch.nn.functional as F
 
 from shardline.config import EngineConfig, ModelConfig
-from shardline.gemm_tuning import (GEMV_CONFIGS, GemmTable, agrees, key, linear_shapes, ring_candidates,
+from shardline.gemm_tuning import (GemmTable, agrees, gemv_candidates, key, linear_shapes, ring_candidates,
                                    triton_candidates)
 
 IN_STEP_MAX_M = 64  # above it the products are compute-bound and the default (cuBLAS) is the choice
 LINEARS = ("qkv_proj", "o_proj", "up_proj", "down_proj", "lm_head")
 DEFAULT = {"impl": "default", "config": None}  # no entry: the engine's own choice for the rows
+IMPLS = {"default", "cublas", "triton", "ring", "gemv"}  # what `refine(impls=...)` can keep to
 
 
 def label(choice: dict) -> str:
@@ -76,16 +77,15 @@ def current_choice(table: GemmTable, entry_key: str, m: int) -> dict:
 def candidates(current: dict, m: int, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> list[dict]:
     """The current choice first, then the default path, cuBLAS, the split-K TMA tiles and the ring
     tiles (and at one row the GEMV tiles), each once."""
-    from shardline.kernels import cuda_gemv, gemv
+    from shardline.kernels import gemv
     from shardline.kernels._dispatch import hopper_or_later
 
     out = [current, dict(DEFAULT), {"impl": "cublas", "config": None}]
     if m == 1 and gemv.fits(x, w):
-        out += [{"impl": "gemv", "config": c} for c in GEMV_CONFIGS
-                if c["backend"] == "triton" or (cuda_gemv.fits(x, w, scale, None) and (not c.get("BULK") or hopper_or_later(x)))]
+        out += [{"impl": "gemv", "config": c} for c in gemv_candidates(x, w, scale)]
     elif m > 1:
-        out += [{"impl": "triton", "config": c} for c in triton_candidates(m, tma=hopper_or_later(x)) if c.get("TMA")
-                or not hopper_or_later(x)]
+        tma = hopper_or_later(x)  # on Hopper only the TMA twins, as every split-K choice of the H200 table is
+        out += [{"impl": "triton", "config": c} for c in triton_candidates(m, tma=tma) if c.get("TMA") or not tma]
         out += [{"impl": "ring", "config": c} for c in ring_candidates(m, x, w, scale)]
     seen, unique = set(), []
     for c in out:
@@ -185,7 +185,7 @@ def refine(engine, table: GemmTable, batches: list[int], cfg: ModelConfig, x_dty
     """`table` with each (linear, batch) entry replaced by the fastest candidate in the step. Batches
     above IN_STEP_MAX_M are left as they are; the others go largest first, so that a batch whose
     best is no entry of its own borrows a larger batch's final choice. `impls`: only candidates of
-    these implementations ("default", "cublas", "triton", "ring", "gemv"), besides the current one."""
+    these implementations (of IMPLS), besides the current one."""
     table = copy.deepcopy(table)
     shapes = linear_shapes(cfg)
     lins = _linears(engine)

@@ -101,3 +101,10 @@ def test_a_candidate_is_checked_in_the_form_the_engine_runs_it():
         assert step_tuning._agrees(lin, choice, 4, torch.float32, glu=False), choice
     assert not step_tuning._agrees(lin, {"impl": "ring", "config": {"SUB": 12}}, 4, torch.float32, glu=False)
     assert lin.gemms is None, "the linear's own table is put back"
+
+
+def test_in_step_refuses_rounds_or_a_margin_it_cannot_use(tmp_path):
+    for flags in (("--step-rounds", "0"), ("--step-margin", "1.5"), ("--step-margin", "-0.1")):
+        out = tune_gemm("--shape", "llama3-8b", "--in-step", *flags, "--out", str(tmp_path / "t.json"))
+        assert out.returncode == 2 and "--step-rounds" in out.stderr and "[0, 1)" in out.stderr, (flags, out.stderr)
+    assert not (tmp_path / "t.json").exists()
