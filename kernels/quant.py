@@ -103,33 +103,6 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
     return _reference(x, weight, scale, bias, glu, out_dtype)
 
 
-def small_m_norm_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
-                        bias: torch.Tensor | None, config: dict, norm_weight: torch.Tensor, eps: float,
-                        residual: torch.Tensor | None = None,
-                        glu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """RMSNorm(x [+ residual]), then `small_m_linear`, with the norm inside the split-K kernel (its
-    NORM mode: no norm kernel, no normed activation in memory); returns (y, x + residual or None),
-    as `norm.rms_norm` then the product do. `config` needs SPLIT_K 1. The fused kernel rounds
-    once where the unfused path rounds twice: (x * weight) enters the product, and 1 / rms scales
-    the fp32 sums (rms is constant along a row), so results agree to the dtype's rounding."""
-    _check_glu(weight, glu)
-    if not fuses_norm(config):
-        raise ValueError(f"the norm fuses into the split-K kernel only unsplit (SPLIT_K 1, NORM not 0), "
-                         f"got {config}: run norm.rms_norm, then small_m_linear")
-    if use_triton(x):
-        from .triton_quant import small_m_norm_linear_triton
-        return small_m_norm_linear_triton(x, weight, scale, bias, config, norm_weight, eps, residual, glu)
-    from .norm import rms_norm_ref
-    normed, new_residual = rms_norm_ref(x, norm_weight, eps, residual)
-    return _reference(normed, weight, scale, bias, glu, None), new_residual
-
-
-def fuses_norm(config: dict | None) -> bool:
-    """Whether `small_m_norm_linear` takes this split-K config: unsplit, and not turned off by
-    NORM=0 (the step refinement's switch for timing the norm as its own kernel)."""
-    return config is not None and config.get("SPLIT_K", 1) == 1 and config.get("NORM", 1) != 0
-
-
 STREAMK_MAX_M = 64  # above this a decode product is compute-bound: cuBLAS
 
 

@@ -64,35 +64,6 @@ def prefetch_tile(w_ptr, rows, col0, K, up_rows, BLOCK_K: tl.constexpr, LINE: tl
 
 
 @triton.jit
-def norm_tile(x, sum_sq, res_ptr, res_desc, norm_w_ptr, norm_w_desc, new_res_ptr, offs_m, k0, offs_k, row0, writes,
-              M, K, stride_m, HAS_RES: tl.constexpr, TMA: tl.constexpr):
-    """The NORM mode's x tile [BLOCK_M, BLOCK_K] at columns k0 + offs_k (x, the residual and the
-    new residual share one row stride, stride_m): x (+ the residual's tile, rounded to x's dtype
-    as the unfused add rounds; written to new_res where `writes`) adds its squares to sum_sq
-    [BLOCK_M] and leaves times the norm's weight, rounded to x's dtype. With TMA the residual and
-    the weight come through descriptors too, so the loop's pipeline fetches them ahead: a plain
-    load here would wait on L2 every iteration."""
-    offs_k = k0 + offs_k
-    k_mask = offs_k < K
-    if HAS_RES:
-        if TMA:
-            r = res_desc.load([row0, k0])
-        else:
-            r = tl.load(res_ptr + offs_m[:, None].to(tl.int64) * stride_m + offs_k[None, :],
-                        mask=(offs_m[:, None] < M) & k_mask[None, :], other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-        tl.store(new_res_ptr + offs_m[:, None].to(tl.int64) * stride_m + offs_k[None, :], x,
-                 mask=(offs_m[:, None] < M) & k_mask[None, :] & writes)
-    xf = x.to(tl.float32)
-    sum_sq += tl.sum(xf * xf, axis=1)
-    if TMA:
-        g = norm_w_desc.load([0, k0]).to(tl.float32)  # [1, BLOCK_K]
-    else:
-        g = tl.load(norm_w_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-    return (xf * g).to(x.dtype), sum_sq
-
-
-@triton.jit
 def multiply_tiles(x, w, u, acc, acc_up, FP8: tl.constexpr, GLU: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """acc += x @ w.T (and acc_up += x @ u.T with GLU), the weights widened to x's dtype; fp8
     weights arrive as their bytes (a masked load cannot fill fp8 with a zero)."""
@@ -108,9 +79,8 @@ def multiply_tiles(x, w, u, acc, acc_up, FP8: tl.constexpr, GLU: tl.constexpr, D
 @triton.jit
 def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
                         stride_xm, stride_wn, stride_om,
-                        res_ptr, res_desc, norm_w_ptr, norm_w_desc, new_res_ptr, eps,
                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, GLU: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr, GLU: tl.constexpr,
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, AHEAD: tl.constexpr, LINE: tl.constexpr,
                         TMA: tl.constexpr, USE_PDL: tl.constexpr):
@@ -119,13 +89,7 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
     tiles come through x_desc and w_desc (tensor descriptors: the copy engine fetches them into
     shared memory and zero-fills past the edges); x_ptr and w_ptr still serve the L2 prefetches.
     AHEAD > 0: each iteration also asks L2 for the weight tile AHEAD tiles on (clamped to the
-    split's last), so the stream has more bytes in flight than the shared-memory ring holds.
-
-    NORM (SPLIT_K 1: a program sees whole rows): the product of RMSNorm(x [+ residual]) without
-    its kernel. Each x tile (plus the residual's, rounded as the unfused add rounds; the programs
-    of the first column of tiles write that sum, the new residual, to new_res) adds to the rows'
-    sums of squares and enters the product times the norm's weight; the epilogue multiplies
-    the rows by 1 / rms, which is constant along K."""
+    split's last), so the stream has more bytes in flight than the shared-memory ring holds."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -148,7 +112,6 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
     n_mask = offs_n[:, None] < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    sum_sq = tl.zeros([BLOCK_M], tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if AHEAD > 0:
             prefetch_tile(w_ptr, rows, tl.minimum(k0 + AHEAD * BLOCK_K, k_hi - 1), K, up_rows, BLOCK_K, LINE, GLU)
@@ -160,16 +123,9 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
                 u = w_desc.load([N + pid_n * BLOCK_N, k0])
         else:
             x, w, u = load_tiles(x_ptrs, w_ptrs, up_rows, m_mask, n_mask, (k0 + offs_k[None, :]) < k_hi, EVEN_K, GLU)
-        if NORM:
-            x, sum_sq = norm_tile(x, sum_sq, res_ptr, res_desc, norm_w_ptr, norm_w_desc, new_res_ptr, offs_m, k0, offs_k,
-                                  pid_m * BLOCK_M, pid_n == 0, M, K, stride_xm, HAS_RES, TMA)
         acc, acc_up = multiply_tiles(x, w, u, acc, acc_up, FP8, GLU, DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if NORM:
-        inv_rms = tl.math.rsqrt(sum_sq / K + eps)[:, None]
-        acc *= inv_rms
-        acc_up *= inv_rms
     if SPLIT_K > 1:
         out_mask = m_mask & (offs_n[None, :] < N)
         tile_offs = offs_m[:, None] * N + offs_n[None, :]
@@ -286,34 +242,16 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     a program. `out_dtype` (not with `glu`, which rounds where the unfused path does): the
     output's dtype if not x's; the epilogue rounds the fp32 sum to it once."""
     assert out_dtype is None or not glu, "SwiGLU's output is x's dtype"
-    N, K = w.shape
-    M = x.numel() // K if K else 0
-    if scale is not None and (M > SMALL_M_MAX or x.dtype == torch.float32) and config is None:
-        # Compute-bound (or fp32, whose exact dot spills): dequantise and let cuBLAS multiply.
-        w = w.to(x.dtype) * scale.to(x.dtype)[:, None]
-        y = torch.nn.functional.linear(x, w, bias)
-        return silu_and_mul(y) if glu else y.to(out_dtype or y.dtype)
-    return _launch(x, w, scale, bias, config, glu, out_dtype)[0]
-
-
-def small_m_norm_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
-                               bias: torch.Tensor | None, config: dict, norm_weight: torch.Tensor, eps: float,
-                               residual: torch.Tensor | None = None,
-                               glu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(RMSNorm(x [+ residual]) @ w.T ..., x + residual or None): the split-K kernel's NORM mode,
-    the norm with no kernel of its own. `config` has SPLIT_K 1 (a program sees whole rows;
-    quant.small_m_norm_linear checks)."""
-    return _launch(x, w, scale, bias, config, glu, None, (norm_weight, eps, residual))
-
-
-def _launch(x, w, scale, bias, config, glu, out_dtype, norm=None):
-    """The split-K kernel on x [.., K] (`norm`: (weight, eps, residual or None) for the NORM mode);
-    returns (out, the new residual or None)."""
     from ._dispatch import sm_count
     N, K = w.shape
     N = N // 2 if glu else N
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
+    if scale is not None and (M > SMALL_M_MAX or x.dtype == torch.float32) and config is None:
+        # Compute-bound (or fp32, whose exact dot spills): dequantise and let cuBLAS multiply.
+        w = w.to(x.dtype) * scale.to(x.dtype)[:, None]
+        y = torch.nn.functional.linear(x, w, bias)
+        return silu_and_mul(y) if glu else y.to(out_dtype or y.dtype)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     assert w.stride(-1) == 1, "weight rows must be contiguous"
@@ -323,49 +261,9 @@ def _launch(x, w, scale, bias, config, glu, out_dtype, norm=None):
         cfg["BLOCK_N"] = max(cfg["BLOCK_N"] // 2, 16)
     cfg.setdefault("PREFETCH", 1)
     cfg.setdefault("AHEAD", 0)
-    cfg.pop("NORM", None)  # the engine's switch (quant.fuses_norm), not a kernel parameter
     out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
-    norm_w, eps, res2, new_res = out, 0.0, x2, None
-    if norm is not None:
-        norm_w, eps, residual = norm
-        if residual is not None:
-            # x, the residual and the new one share a row stride (the kernel's stride_xm)
-            x2 = x2.contiguous()
-            res2 = residual.reshape(-1, K).contiguous()
-            new_res = torch.empty_like(x2)
     if M == 0:
-        return out.view(*x.shape[:-1], N), None if new_res is None else new_res.view(x.shape)
-    grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m), split_k)
-    if split_k > 1:
-        part = torch.empty((split_k, 2 if glu else 1, M, N), dtype=torch.float32, device=x.device)
-        counters = _tile_counters(x.device, grid[0] * grid[1])
-    else:
-        part, counters = out, out  # unused
-    dummy = scale if scale is not None else out
-    fp8 = w.dtype == torch.float8_e4m3fn
-    w_arg = w.view(torch.uint8) if fp8 else w
-    x_desc, w_desc, res_desc, norm_w_desc = x2, w_arg, res2, norm_w
-    if cfg.pop("TMA", 0):
-        x_desc, w_desc = tensor_descriptors(x2, w_arg, block_m, cfg)
-        if norm is not None and x_desc is not x2:
-            norm_w = norm_w.contiguous().view(1, K)
-            norm_w_desc = tensor_descriptors(norm_w, w_arg, 1, cfg)[0]
-            if new_res is not None:
-                res_desc = tensor_descriptors(res2, w_arg, block_m, cfg)[0]
-            if (new_res is not None and res_desc is res2) or norm_w_desc is norm_w:
-                # one of them breaks the descriptors' rule: pointer loads for all
-                x_desc, w_desc, res_desc, norm_w_desc = x2, w_arg, res2, norm_w
-    _int8_linear_kernel[grid](x2, w_arg, x_desc, w_desc, dummy,
-                              bias if bias is not None else dummy, out, part,
-                              counters, M, N, K, x2.stride(0), w.stride(0), out.stride(0),
-                              res2, res_desc, norm_w, norm_w_desc, new_res if new_res is not None else out, eps,
-                              HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8,
-                              EVEN_K=K % cfg["BLOCK_K"] == 0,
-                              DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GLU=glu,
-                              NORM=norm is not None, HAS_RES=new_res is not None,
-                              SPLIT_K=split_k, BLOCK_M=block_m, TMA=x_desc is not x2,
-                              LINE=min(128 // w.element_size(), cfg["BLOCK_K"]), **cfg, **pdl_args(x2))
-    return out.view(*x.shape[:-1], N), None if new_res is None else new_res.view(x.shape)
+        return out.view(*x.shape[:-1], N)
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m), split_k)
     if split_k > 1:
         part = torch.empty((split_k, 2 if glu else 1, M, N), dtype=torch.float32, device=x.device)

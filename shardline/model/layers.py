@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from shardline.kernels import activation, gemv, norm, quant
+from shardline.kernels import activation, gemv, quant
 from shardline.parallel import TPGroup
 
 
@@ -70,19 +70,12 @@ class Linear:
 
     def fused(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
               glu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """RMSNorm(x + residual) -> this linear (-> silu(gate) * up when `glu`); returns (output,
-        x + residual or None). The norm runs inside the product's kernel where it can: the GEMV
-        (one row; with no table, wherever it fits), or the split-K kernel unsplit
-        (`quant.fuses_norm`); else the norm kernel, then the product as the table chose."""
+        """RMSNorm(x + residual) -> this linear (-> silu(gate) * up when `glu`), in one GEMV
+        kernel when `uses_gemv(x)`; returns (output, x + residual or None)."""
         choice = self._choice(x)
-        if choice is None or self._runs_gemv(x, choice):  # no table: the GEMV where it fits
-            return gemv.fused_linear(x, self.weight, self.scale, self.bias, norm_weight, residual, eps, glu,
-                                     config=choice and choice["config"])
-        if choice is not None and choice["impl"] == "triton" and quant.fuses_norm(choice["config"]):
-            return quant.small_m_norm_linear(x, self.weight, self.scale, self.bias, choice["config"],
-                                             norm_weight, eps, residual, glu=glu)
-        normed, residual = norm.rms_norm(x, norm_weight, eps, residual)
-        return self._product(normed, self.bias, glu), residual
+        config = choice["config"] if choice is not None and self._runs_gemv(x, choice) else None
+        return gemv.fused_linear(x, self.weight, self.scale, self.bias, norm_weight, residual, eps, glu,
+                                 config=config)
 
 
 class VocabParallelEmbedding:

@@ -67,7 +67,7 @@ class DecoderLayer:
         self.up_proj = linear("gate_up_proj" if self.is_glu else "up_proj")
         self.down_proj = linear("down_proj")
         # Llama-style layers (RMSNorm, sequential residual, SwiGLU) fuse their norms and activation
-        # into the products where a kernel can (`_fused`); the others run the same kernels unfused.
+        # into the decode GEMVs; the others run the same GEMVs unfused.
         self.fuse_decode = (self.input_norm.is_rms and self.post_attention_norm is not None
                             and self.input_norm.bias is None and self.is_glu)
 
@@ -105,11 +105,12 @@ class DecoderLayer:
         h = self.up_proj.glu(x) if self.is_glu else activation.gelu_tanh(self.up_proj(x))
         return self.down_proj(h, add_bias=False)
 
-    def _fused(self, h: torch.Tensor, residual: torch.Tensor | None, meta: StepMetadata,
-               k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer with each norm handed to the product after it (`Linear.fused`), which runs it
-        inside its kernel where it can (the GEMV at one row, the unsplit split-K kernel) and as
-        the norm kernel elsewhere; SwiGLU goes into the gate/up product's epilogue."""
+    def _decode(self, h: torch.Tensor, residual: torch.Tensor | None, meta: StepMetadata,
+                k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layer for one row (batch-1 decode) as GEMV kernels, each norm fused into the
+        product after it and SwiGLU into the gate/up product (kernels/gemv.py). Taken when the qkv
+        projection runs the GEMV (`Linear.uses_gemv`: by default, or as `tune-gemm` chose); the
+        fused products then go with it."""
         n1, n2 = self.input_norm, self.post_attention_norm
         qkv, new_residual = self.qkv_proj.fused(h, n1.weight, n1.eps, residual)
         residual = h if residual is None else new_residual
@@ -127,8 +128,8 @@ class DecoderLayer:
     def __call__(self, h: torch.Tensor, residual: torch.Tensor | None, meta: StepMetadata,
                  k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(h, residual) -> (h', residual'): the stream is h + residual; norms fuse the add."""
-        if self.fuse_decode:
-            return self._fused(h, residual, meta, k_cache, v_cache)
+        if self.fuse_decode and self.qkv_proj.uses_gemv(h):
+            return self._decode(h, residual, meta, k_cache, v_cache)
         x, residual = self.input_norm(h, residual)
         if residual is None:
             residual = h

@@ -5,9 +5,8 @@ import torch
 
 from kernel_testing import assert_close, assert_graph_replays_deterministic, skip_interpreted_bf16_dot
 from shardline.kernels import _dispatch
-from shardline.kernels.norm import rms_norm_ref
-from shardline.kernels.quant import (fuses_norm, linear_ref, quantize_fp8_ref, quantize_int8_ref, quantized_linear,
-                                     quantized_linear_ref, small_m_linear, small_m_norm_linear)
+from shardline.kernels.quant import (linear_ref, quantize_fp8_ref, quantize_int8_ref, quantized_linear,
+                                     quantized_linear_ref, small_m_linear)
 
 
 def test_quantized_linear_ref_matches_float64():
@@ -123,59 +122,6 @@ def test_small_m_linear_glu(device, split_k, weights, dtype, M, N, K, tma):
     for attempt in range(2):  # the tile counters must be back at zero after each call
         assert_close(small_m_linear(x, w, scale, bias, cfg, glu=True), want,
                      f"split-K glu {weights} split {split_k}, call {attempt + 1}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("weights", ["x", "int8"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("M,N,K", [(3, 96, 200), (64, 200, 4096), (37, 130, 384)])
-@pytest.mark.parametrize("glu", [False, True])
-@pytest.mark.parametrize("with_residual", [False, True])
-@pytest.mark.parametrize("tma", [0, 1])
-def test_small_m_norm_linear(device, weights, dtype, M, N, K, glu, with_residual, tma):
-    """RMSNorm inside the unsplit split-K kernel (NORM mode) against the norm, then the product:
-    the output within the dtype's tolerance, the new residual (x + residual) bit for bit; K = 200
-    ends mid-tile, N = 130 and 200 mid-tile."""
-    skip_interpreted_bf16_dot(device, dtype)
-    if tma and device != "cuda":
-        pytest.skip("tensor-memory-accelerator loads need a Hopper GPU")
-    if tma and dtype == torch.float32:
-        pytest.skip("the TMA twins are timed for 16-bit activations")
-    x = torch.randn(M, K, device=device, dtype=dtype)
-    residual = torch.randn(M, K, device=device, dtype=dtype) * 3 if with_residual else None
-    norm_w = (1 + 0.3 * torch.randn(K, device=device)).to(dtype)
-    w = torch.randn(2 * N if glu else N, K, device=device) * 0.05
-    scale = None
-    if weights == "int8":
-        w, scale = quantize_int8_ref(w, dtype)
-    else:
-        w = w.to(dtype)
-    bias = torch.randn(w.shape[0], device=device, dtype=dtype) if M % 2 else None
-    cfg = dict(BLOCK_M=16 if M <= 16 else 64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=3, TMA=tma)
-    normed, want_res = rms_norm_ref(x, norm_w, 1e-5, residual)
-    want = linear_ref(normed, w, scale, bias, glu=glu)
-    for attempt in range(2):
-        got, got_res = small_m_norm_linear(x, w, scale, bias, cfg, norm_w, 1e-5, residual, glu=glu)
-        assert_close(got, want, f"norm in the split-K kernel ({weights}, glu={glu}), call {attempt + 1}",
-                     tol=2e-5 if dtype == torch.float32 else None)
-        if residual is None:
-            assert got_res is None
-        else:
-            assert torch.equal(got_res, want_res), "the new residual is x + residual, rounded once"
-
-
-def test_norm_fuses_only_into_the_unsplit_kernel():
-    x = torch.randn(4, 256)
-    w = torch.randn(32, 256)
-    assert fuses_norm(dict(SPLIT_K=1)) and fuses_norm(dict(BLOCK_N=64))
-    assert not fuses_norm(dict(SPLIT_K=2)) and not fuses_norm(dict(SPLIT_K=1, NORM=0)) and not fuses_norm(None)
-    if not _dispatch.use_triton(x):  # the reference path: the norm, then the product
-        got, res = small_m_norm_linear(x, w, None, None, dict(SPLIT_K=1), torch.ones(256), 1e-5, x)
-        normed, want_res = rms_norm_ref(x, torch.ones(256), 1e-5, x)
-        assert torch.equal(got, normed @ w.T) and torch.equal(res, want_res)
-    for cfg in (dict(SPLIT_K=2), dict(SPLIT_K=1, NORM=0)):
-        with pytest.raises(ValueError, match="SPLIT_K 1"):
-            small_m_norm_linear(x, w, None, None, cfg, torch.ones(256), 1e-5)
 
 
 @pytest.mark.gpu
