@@ -24,7 +24,6 @@ from benchmarks import decode_bench
 from shardline import step_tuning
 from shardline.config import ModelConfig
 from shardline.gemm_tuning import GemmTable
-from shardline.kernels import triton_attention
 from shardline.model.random_weights import SHAPES
 
 # The decode kernel's tiles, and context splits forced (by default one split at batch 64: 512
@@ -34,6 +33,7 @@ ATTENTION_VARIANTS = [{}, {"num_stages": 3}, {"BLOCK_N": 32}, {"BLOCK_N": 32, "n
 
 
 def attention_step_ms(engine, table: GemmTable, batch: int, variant: dict) -> float:
+    from shardline.kernels import triton_attention  # Triton: imported on the GPU only
     variant = dict(variant)
     splits = variant.pop("splits", None)
     default_config, default_splits = dict(triton_attention.DECODE_CONFIG), triton_attention._num_splits
@@ -65,6 +65,18 @@ def main() -> None:
     if impls and not impls <= step_tuning.IMPLS:
         ap.error(f"--impls {args.impls}: unknown {sorted(impls - step_tuning.IMPLS)}; "
                  f"choose from {','.join(sorted(step_tuning.IMPLS))}")
+    linears = tuple(args.linears.split(","))
+    if not set(linears) <= set(step_tuning.LINEARS):
+        ap.error(f"--linears {args.linears}: unknown {sorted(set(linears) - set(step_tuning.LINEARS))}; "
+                 f"choose from {','.join(step_tuning.LINEARS)}")
+    if not 1 <= args.batch <= step_tuning.IN_STEP_MAX_M:
+        ap.error(f"--batch {args.batch}: the step refines batches of 1 to {step_tuning.IN_STEP_MAX_M} rows "
+                 "(above that the products are compute-bound and cuBLAS is the choice)")
+    problem = step_tuning.settings_error(args.rounds, args.margin)
+    if problem:
+        ap.error(f"--rounds / --margin: {problem}")
+    if not torch.cuda.is_available():
+        ap.error("step_tune times the captured decode step on a CUDA GPU; none is visible")
     start = GemmTable.load(args.gemm_config, torch.device("cuda"))
     if start is None:
         ap.error(f"{args.gemm_config}: missing or tuned on another GPU (run `shardline tune-gemm`)")
@@ -73,9 +85,8 @@ def main() -> None:
                                   max_num_seqs=max(args.batch, 16))
     engine = pipeline.engines[0]
     b = args.batch
-    table = step_tuning.refine(engine, start, [b], cfg, torch.bfloat16, tuple(args.linears.split(",")),
-                               rounds=args.rounds, margin=args.margin,
-                               impls=impls)
+    table = step_tuning.refine(engine, start, [b], cfg, torch.bfloat16, linears, rounds=args.rounds,
+                               margin=args.margin, impls=impls)
     if args.attention:
         times: list[list[float]] = [[] for _ in ATTENTION_VARIANTS]
         for _ in range(args.rounds):

@@ -338,20 +338,27 @@ def run(args: argparse.Namespace) -> int:
         cfg, tp, quantization = ModelConfig(**SHAPES[args.shape]), args.tp or 1, "none"
     if args.int8 or args.fp8:
         quantization = "int8-weight-only" if args.int8 else "fp8-weight-only"
-    if args.in_step and (args.step_rounds < 1 or not 0 <= args.step_margin < 1):
-        print(f"shardline tune-gemm: error: --step-rounds {args.step_rounds} and --step-margin {args.step_margin}: "
-              "rounds must be >= 1 and the margin a fraction in [0, 1), e.g. --step-rounds 2 --step-margin 0.003",
-              file=sys.stderr)
+    from shardline import step_tuning  # imports this module: not at the top
+    problem = step_tuning.settings_error(args.step_rounds, args.step_margin) if args.in_step else None
+    if problem:
+        print(f"shardline tune-gemm: error: --step-rounds / --step-margin: {problem}", file=sys.stderr)
         return 2
     if args.in_step and tp != 1:
         print(f"shardline tune-gemm: error: --in-step times the step of a one-rank engine, and these shapes are "
               f"tp={tp}'s (a rank's step also all-reduces); tune them without --in-step", file=sys.stderr)
         return 2
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1:
+        print(f"shardline tune-gemm: error: --batches {args.batches!r}: give row counts >= 1, comma-separated, "
+              "e.g. --batches 1,16,64,256", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("shardline tune-gemm: error: needs a CUDA GPU; the file it writes is per GPU model", file=sys.stderr)
         return 2
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    batches = [int(b) for b in args.batches.split(",")]
     table, report = tune(linear_shapes(cfg, tp), batches, dtype, quantization, torch.device("cuda"),
                          quantized_names={"qkv_proj", "o_proj", "up_proj", "down_proj"})
     out = Path(args.out)
@@ -362,7 +369,6 @@ def run(args: argparse.Namespace) -> int:
                 table.entries.setdefault(k, {}).update({m: v for m, v in d.items() if m not in table.entries.get(k, {})})
     table.save(out)
     if args.in_step:
-        from shardline import step_tuning
         small = [b for b in batches if b <= step_tuning.IN_STEP_MAX_M]
         if not small:
             print(f"--in-step: no batch of at most {step_tuning.IN_STEP_MAX_M} rows in --batches {args.batches}; "

@@ -38,6 +38,15 @@ DEFAULT = {"impl": "default", "config": None}  # no entry: the engine's own choi
 IMPLS = {"default", "cublas", "triton", "ring", "gemv"}  # what `refine(impls=...)` can keep to
 
 
+def settings_error(rounds: int, margin: float) -> str | None:
+    """What is wrong with a refinement's rounds and margin, or None: `refine` needs at least one
+    round, and a margin that is a fraction of the step in [0, 1)."""
+    if rounds < 1 or not 0 <= margin < 1:
+        return (f"rounds {rounds} and margin {margin}: rounds must be >= 1 and the margin a fraction "
+                "in [0, 1), e.g. 2 rounds and a margin of 0.003")
+    return None
+
+
 def label(choice: dict) -> str:
     if choice["impl"] == "default":
         return "no entry (the next larger batch's, else the default path)"
@@ -196,8 +205,9 @@ def refine(engine, table: GemmTable, batches: list[int], cfg: ModelConfig, x_dty
             entry_key = key(n, k, lin.weight.dtype, x_dtype)
             current = current_choice(table, entry_key, b)
             x = torch.empty(b, k, device=lin.weight.device, dtype=x_dtype)
+            glu = name == "up_proj" and cfg.activation == "silu_glu"
             cands = [c for c in candidates(current, b, x, lin.weight, lin.scale)
-                     if c is current or ((impls is None or c["impl"] in impls) and _agrees(lin, c, b, x_dtype, glu=name == "up_proj" and cfg.activation == "silu_glu"))]
+                     if c is current or ((impls is None or c["impl"] in impls) and _agrees(lin, c, b, x_dtype, glu))]
             times: list[list[float]] = [[] for _ in cands]
             for _ in range(rounds):
                 for i, c in enumerate(cands):

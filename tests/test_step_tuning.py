@@ -108,3 +108,26 @@ def test_in_step_refuses_rounds_or_a_margin_it_cannot_use(tmp_path):
         out = tune_gemm("--shape", "llama3-8b", "--in-step", *flags, "--out", str(tmp_path / "t.json"))
         assert out.returncode == 2 and "--step-rounds" in out.stderr and "[0, 1)" in out.stderr, (flags, out.stderr)
     assert not (tmp_path / "t.json").exists()
+
+
+def test_step_tune_script_names_bad_arguments_before_the_gpu(tmp_path):
+    """benchmarks/step_tune.py refuses what the refinement cannot use, naming it, with exit 2 and
+    no table written (the checks come before any engine is built)."""
+    table = tmp_path / "start.json"
+    GemmTable("cpu", {}).save(table)
+    cases = [(("--batch", "128"), "--batch 128"), (("--batch", "0"), "--batch 0"),
+             (("--linears", "qkv_proj,mlp"), "unknown ['mlp']"), (("--impls", "ring,magic"), "unknown ['magic']"),
+             (("--rounds", "0"), "[0, 1)"), (("--margin", "1"), "[0, 1)")]
+    for flags, says in cases:
+        out = subprocess.run([sys.executable, "-m", "benchmarks.step_tune", "--gemm-config", str(table),
+                              "--out", str(tmp_path / "t.json"), *flags],
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert out.returncode == 2 and says in out.stderr, (flags, out.stderr)
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_tune_gemm_names_malformed_batches(tmp_path):
+    for batches in ("1,x", "0,16", ""):
+        out = tune_gemm("--shape", "llama3-8b", "--batches", batches, "--out", str(tmp_path / "t.json"))
+        assert out.returncode == 2 and "--batches" in out.stderr and "e.g. --batches" in out.stderr, (batches, out.stderr)
+    assert not (tmp_path / "t.json").exists()
