@@ -69,6 +69,26 @@ def critical_path(spans: list[tuple[str, float, float]]) -> tuple[dict[str, list
     return stats, idle, wall
 
 
+def print_decode_window(prof, num_layers: int, rows: int = 18) -> None:
+    """Critical-path time a decode step of every device activity (kernels and copies, inside the
+    graph or not) from the first decode attention kernel on: the graph's kernels, and the work the
+    host queues around each replay (input copies, sampling, the token readback)."""
+    spans = sorted((e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
+    decode = [s for s in spans if "_decode_kernel" in s[0]]
+    if not decode:
+        print("no decode attention kernel recorded")
+        return
+    t0 = min(s[1] for s in decode)
+    window = [s for s in spans if s[1] >= t0]
+    steps = len(decode) / num_layers
+    stats, idle, wall = critical_path(window)
+    print(f"\ndecode window: {steps:.1f} steps, {wall / steps / 1e3:.3f} ms a step, {idle / steps:.1f} us of it idle")
+    print(f"{'activity':<60} {'a step':>6} {'us each':>8} {'crit us/step':>12}")
+    for name, (n, total, own) in sorted(stats.items(), key=lambda kv: -kv[1][2])[:rows]:
+        print(f"{name[:60]:<60} {n / steps:>6.1f} {total / n:>8.2f} {own / steps:>12.1f}")
+
+
 def print_timeline(pipeline, batch: int, replays: int = 5, context: int = 192, rows: int = 18) -> None:
     graph = decode_bench.loaded_graph(pipeline, batch, context, capture=True)
     for _ in range(3):
@@ -119,6 +139,7 @@ def main() -> None:
         prof.export_chrome_trace(args.trace)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=70))
         print_gpu_idle(prof, steps=32)
+        print_decode_window(prof, pipeline.engines[0].spec.num_layers, rows=args.rows)
         return
     if args.timeline:
         print_timeline(pipeline, args.batch, rows=args.rows)

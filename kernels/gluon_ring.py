@@ -42,7 +42,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ._dispatch import use_pdl
 from .quant import RING_MAX_M as MAX_M
 from .quant import ring_fits
-from .triton_quant import _tile_counters
+from .triton_quant import FoldArgs, _tile_counters
 
 BLOCK_M = gl.constexpr(MAX_M)  # one warpgroup's wgmma rows: x's tile, whatever M <= 64 is
 
@@ -109,12 +109,30 @@ def _producer(x_desc, w_desc, x_ring, w_ring, ready, empty, row, up_row, k_lo, k
 
 
 @gluon.jit
-def _consumer(x_ring, w_ring, ready, empty, k_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              GLU: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr):
-    """The warpgroup: acc (and acc_up) [64, BLOCK_N] fp32 over this split's K tiles."""
+def _consumer(x_ring, w_ring, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, M, K, row,
+              row_end, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GLU: gl.constexpr, ROW_NORM: gl.constexpr,
+              PARTS_P2: gl.constexpr, RESIDUAL: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr):
+    """The warpgroup: acc (and acc_up) [64, BLOCK_N] fp32 over this split's K tiles; with the fold,
+    also each row's 1 / rms (ROW_NORM) and the residual's tile (RESIDUAL), requested right after
+    the PDL wait so that they land while the loop runs."""
     if USE_PDL:
         _gdc_wait()
         _gdc_launch_dependents()
+    out_layout: gl.constexpr = _out_layout(num_warps)
+    rstd = gl.full((BLOCK_M,), 1.0, gl.float32, layout=gl.SliceLayout(1, out_layout))
+    res = rstd  # a placeholder unless RESIDUAL
+    if ROW_NORM:
+        ss_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])
+        p = gl.arange(0, PARTS_P2, layout=gl.SliceLayout(1, ss_layout))
+        m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ss_layout))
+        ss = gl.load(ss_in_ptr + p[:, None] * M + m[None, :], mask=(p[:, None] < ss_parts) & (m[None, :] < M),
+                     other=0.0)
+        rstd = gl.convert_layout(1.0 / gl.sqrt(gl.sum(ss, axis=0) / K + eps), gl.SliceLayout(1, out_layout))
+    if RESIDUAL:
+        offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
+        offs_n = row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
+        mask = (offs_m[:, None] < M) & (offs_n < row_end)[None, :]
+        res = gl.load(res_ptr + offs_m[:, None] * stride_res + offs_n[None, :], mask=mask, other=0.0).to(gl.float32)
     WT: gl.constexpr = 2 if GLU else 1
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                      instr_shape=[16, BLOCK_N, 16])
@@ -129,15 +147,23 @@ def _consumer(x_ring, w_ring, ready, empty, k_tiles, BLOCK_N: gl.constexpr, STAG
             acc_up = warpgroup_mma(x, w_ring.index(slot * WT + 1).permute((1, 0)), acc_up, is_async=True)
         acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
         mbarrier.arrive(empty.index(slot))
-    return acc, acc_up
+    return acc, acc_up, rstd, res
+
+
+@gluon.constexpr_function
+def _out_layout(num_warps):
+    """The epilogue's layout (and the fold's operands', loaded in it by the consumers)."""
+    return gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
 
 
 @gluon.jit
 def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_om,
-                        total_runs, programs, oob_row,
+                        total_runs, programs, oob_row, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, ss_out_ptr,
                         BLOCK_N: gl.constexpr, HAS_BIAS: gl.constexpr, GLU: gl.constexpr, SPLIT_K: gl.constexpr,
-                        STAGES: gl.constexpr, EARLY: gl.constexpr, USE_PDL: gl.constexpr,
-                        num_warps: gl.constexpr):
+                        STAGES: gl.constexpr, EARLY: gl.constexpr, ROW_NORM: gl.constexpr, PARTS_P2: gl.constexpr,
+                        RESIDUAL: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr):
+    """ROW_NORM and RESIDUAL: the fold of the RMSNorm before the product and the residual add
+    after it, as in the split-K kernel (triton_quant.py: row_rstd, residual_epilogue)."""
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BOX: gl.constexpr = w_desc.block_type.shape[0]
     WT: gl.constexpr = 2 if GLU else 1
@@ -164,8 +190,9 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
-    acc, acc_up = gl.warp_specialize(
-        [(_consumer, (x_ring, w_ring, ready, empty, k_tiles, BLOCK_N, STAGES, GLU, USE_PDL, num_warps)),
+    acc, acc_up, rstd, res = gl.warp_specialize(
+        [(_consumer, (x_ring, w_ring, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, M, K,
+                      row, row_end, BLOCK_N, STAGES, GLU, ROW_NORM, PARTS_P2, RESIDUAL, USE_PDL, num_warps)),
          (_producer, (x_desc, w_desc, x_ring, w_ring, ready, empty, row, N + row, k_lo, k_tiles, runs, oob_row,
                       BLOCK_N, STAGES, EARLY, GLU, USE_PDL))],
         [1], [40])
@@ -173,7 +200,7 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
 
-    out_layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
+    out_layout: gl.constexpr = _out_layout(num_warps)
     acc = gl.convert_layout(acc, out_layout)
     acc_up = gl.convert_layout(acc_up, out_layout)
     offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
@@ -200,6 +227,9 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
         gl.atomic_xchg(count_ptr + pid_n, 0)
     # The epilogue rounds where the unfused path (the product, then the activation) rounds.
     dtype: gl.constexpr = out_ptr.dtype.element_ty
+    if ROW_NORM:  # a row factor, so before the bias
+        acc = acc * rstd[:, None]
+        acc_up = acc_up * rstd[:, None]
     y = acc
     if HAS_BIAS:
         y += gl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32)[None, :]
@@ -210,15 +240,21 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
         g = y.to(dtype).to(gl.float32)
         silu = (g / (1.0 + gl.exp(-g))).to(dtype).to(gl.float32)
         y = silu * u.to(dtype).to(gl.float32)
+    if RESIDUAL:  # the stream's next value, rounded as the norm kernel's add, and its squares' share
+        y = (y.to(dtype).to(gl.float32) + res).to(dtype).to(gl.float32)
+        sq = gl.where(mask, y * y, 0.0)
+        gl.store(ss_out_ptr + pid_n * M + offs_m, gl.sum(sq, axis=1), mask=offs_m < M)
     gl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], y.to(dtype), mask=mask)
 
 
 def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, cfg: dict, plan: dict,
-                      glu: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                      glu: bool = False, out_dtype: torch.dtype | None = None, norm=None,
+                      residual: torch.Tensor | None = None):
     """y [.., N] (or [.., N/2] with `glu`, w then the fused [gate; up] projection) for x [.., K]
     and w [N, K]; `out_dtype` (not with `glu`): the output's dtype if not x's. `cfg` and `plan`:
     quant.ring_config's validated config and quant.ring_plan's tile and grid for these operands
-    (quant.ring_linear, the one caller, makes both on every device)."""
+    (quant.ring_linear, the one caller, makes both on every device). `norm` and `residual`: the
+    fold, as quant.small_m_linear's (with `residual` the result is (stream, partial sums of squares))."""
     reason = ring_fits(x, w)
     if reason is not None:
         raise ValueError(reason)
@@ -231,7 +267,8 @@ def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
     M = x2.shape[0]
     out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0 or N == 0:
-        return out.view(*x.shape[:-1], N)
+        return out.view(*x.shape[:-1], N) if residual is None else (out, out.new_zeros((1, M), dtype=torch.float32))
+    fold = FoldArgs(out, plan["grid"][0], M, norm, residual)
     block_n, block_k, stages, split_k = plan["BLOCK_N"], cfg["BLOCK_K"], cfg["STAGES"], cfg["SPLIT_K"]
     early = min(cfg.get("EARLY", stages), stages)
     elem = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
@@ -248,7 +285,10 @@ def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
     pdl = use_pdl(x2)
     _ring_linear_kernel[plan["grid"]](
         x_desc, w_desc, bias if bias is not None else out, out, part, counters, M, N, K, out.stride(0),
-        plan["runs"], plan["programs"], N2, BLOCK_N=block_n,
-        HAS_BIAS=bias is not None, GLU=glu, SPLIT_K=split_k, STAGES=stages, EARLY=early, USE_PDL=pdl,
+        plan["runs"], plan["programs"], N2, *fold.args, BLOCK_N=block_n,
+        HAS_BIAS=bias is not None, GLU=glu, SPLIT_K=split_k, STAGES=stages, EARLY=early,
+        ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2, RESIDUAL=residual is not None, USE_PDL=pdl,
         num_warps=4, launch_pdl=pdl)
+    if residual is not None:
+        return out, fold.sum_squares
     return out.view(*x.shape[:-1], N)

@@ -8,6 +8,8 @@ so a decoder layer carries the un-normalised stream without a separate add kerne
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ._dispatch import use_triton
@@ -46,3 +48,24 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
         from .triton_norm import layer_norm_triton
         return layer_norm_triton(x, weight, bias, eps, residual)
     return layer_norm_ref(x, weight, bias, eps, residual)
+
+
+@dataclass
+class RowNorm:
+    """An RMSNorm left to the product after it: the rows of its input stream scale by 1 / rms,
+    from the partial sums of their squares [P, M] (fp32) that the product writing the stream left
+    in its epilogue (one per column tile of it), and the norm's eps. The norm's weight is folded
+    into the next product's weight (columns times weight), so the scale is all that remains."""
+
+    sum_squares: torch.Tensor
+    eps: float
+
+    def rstd(self, width: int) -> torch.Tensor:
+        """1 / rms of each row of a stream `width` wide: [M] fp32."""
+        return torch.rsqrt(self.sum_squares.sum(0) / width + self.eps)
+
+
+def sum_squares_ref(s: torch.Tensor) -> torch.Tensor:
+    """The one partial [1, M] of each row's sum of squares, as RowNorm takes them."""
+    s2 = s.reshape(-1, s.shape[-1])
+    return s2.to(torch.promote_types(s2.dtype, torch.float32)).pow(2).sum(-1)[None, :]

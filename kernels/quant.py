@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ._dispatch import sm_count, use_triton
+from .norm import RowNorm, sum_squares_ref
 
 
 def quantized_linear_ref(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor,
@@ -36,10 +37,32 @@ def _check_glu(weight: torch.Tensor, glu: bool, out_dtype: torch.dtype | None = 
 
 
 def _reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
-               glu: bool, out_dtype: torch.dtype | None) -> torch.Tensor:
-    """linear_ref in `out_dtype`: what the decode GEMMs compute where their kernels do not run."""
-    y = linear_ref(x, weight, scale, bias, glu)
-    return y if out_dtype is None else y.to(out_dtype)
+               glu: bool, out_dtype: torch.dtype | None, norm: RowNorm | None = None,
+               residual: torch.Tensor | None = None):
+    """linear_ref in `out_dtype`: what the decode GEMMs compute where their kernels do not run;
+    with the fold of `norm` and `residual`, the sums in fp32 and rounded where the kernels round."""
+    if norm is None and residual is None:
+        y = linear_ref(x, weight, scale, bias, glu)
+        return y if out_dtype is None else y.to(out_dtype)
+    acc = torch.promote_types(x.dtype, torch.float32)  # the kernels' fp32 sums (fp64 stays fp64)
+    w = weight.to(acc) * scale.to(acc)[:, None] if scale is not None else weight.to(acc)
+    y = torch.nn.functional.linear(x.to(acc), w)
+    if norm is not None:
+        y = y * norm.rstd(x.shape[-1]).to(acc).reshape(*y.shape[:-1], 1)
+    if bias is not None:
+        y = y + bias.to(acc)
+    if glu:
+        from .activation import silu_and_mul_ref
+        y = silu_and_mul_ref(y.to(x.dtype))
+    if residual is None:
+        return y.to(out_dtype or x.dtype)
+    s = (y.to(x.dtype).to(acc) + residual.to(acc)).to(x.dtype)
+    return s, sum_squares_ref(s)
+
+
+def _check_fold(glu: bool, out_dtype: torch.dtype | None, residual: torch.Tensor | None) -> None:
+    if residual is not None and (glu or out_dtype is not None):
+        raise ValueError("the residual add follows a plain product in x's dtype: no glu, no out_dtype")
 
 
 def _rows(x: torch.Tensor) -> int:
@@ -90,17 +113,24 @@ def quantized_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor,
 
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
                    bias: torch.Tensor | None, config: dict, glu: bool = False,
-                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                   out_dtype: torch.dtype | None = None, norm: RowNorm | None = None,
+                   residual: torch.Tensor | None = None):
     """The split-K small-M kernel with a tuned `config` (shardline tune-gemm), for int8 or fp8
     (with scale) or x-dtype weights; the plain product where Triton does not run. With `glu`,
     W is the fused [gate; up] projection and the result silu(gate) * up. `out_dtype` (not with
     `glu`): the result's dtype if not x's; the kernel writes it from its fp32 sums (the logits
-    need no conversion kernel after it)."""
+    need no conversion kernel after it).
+
+    The fold (Llama's decode at batch > 1, model/transformer.py): `norm` scales x's rows by
+    1 / rms in the epilogue (the RMSNorm before this product, its weight folded into W);
+    `residual` adds the stream to the product there and returns (the stream's next value, its
+    partial sums of squares), the next product's `norm`."""
     _check_glu(weight, glu, out_dtype)
+    _check_fold(glu, out_dtype, residual)
     if use_triton(x):
         from .triton_quant import small_m_linear_triton
-        return small_m_linear_triton(x, weight, scale, bias, config, glu, out_dtype)
-    return _reference(x, weight, scale, bias, glu, out_dtype)
+        return small_m_linear_triton(x, weight, scale, bias, config, glu, out_dtype, norm, residual)
+    return _reference(x, weight, scale, bias, glu, out_dtype, norm, residual)
 
 
 STREAMK_MAX_M = 64  # above this a decode product is compute-bound: cuBLAS
@@ -208,15 +238,18 @@ def ring_available(x: torch.Tensor) -> bool:
 
 
 def ring_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                config: dict | None = None, glu: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                config: dict | None = None, glu: bool = False, out_dtype: torch.dtype | None = None,
+                norm: RowNorm | None = None, residual: torch.Tensor | None = None):
     """y = x @ W.T [+ bias] for 1..64 rows of x, bf16 or fp16 weights of x's dtype, by the ring GEMM
     (gluon_ring.py: weights streamed before the PDL wait by a producer warp); with `glu`, W is the
-    fused [gate; up] projection and y = silu(gate) * up. The reference off Hopper or without Gluon."""
+    fused [gate; up] projection and y = silu(gate) * up. The reference off Hopper or without Gluon.
+    `norm` and `residual`: the fold, as small_m_linear's."""
     _check_glu(weight, glu, out_dtype)
+    _check_fold(glu, out_dtype, residual)
     config = ring_config(config)  # a bad table entry fails the same way on every device ...
     n, k = weight.shape
     plan = ring_plan(config, n // 2 if glu else n, k, glu, 2, sm_count(x))  # ... as does one that cannot fit
     if ring_available(x):  # operands it cannot take are a ValueError naming why (ring_fits: 16-bit only)
         from .gluon_ring import ring_linear_gluon
-        return ring_linear_gluon(x, weight, bias, config, plan, glu, out_dtype)
-    return _reference(x, weight, None, bias, glu, out_dtype)
+        return ring_linear_gluon(x, weight, bias, config, plan, glu, out_dtype, norm, residual)
+    return _reference(x, weight, None, bias, glu, out_dtype, norm, residual)

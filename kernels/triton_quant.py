@@ -78,18 +78,24 @@ def multiply_tiles(x, w, u, acc, acc_up, FP8: tl.constexpr, GLU: tl.constexpr, D
 
 @triton.jit
 def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
-                        stride_xm, stride_wn, stride_om,
+                        stride_xm, stride_wn, stride_om, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, ss_out_ptr,
                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, GLU: tl.constexpr,
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, AHEAD: tl.constexpr, LINE: tl.constexpr,
-                        TMA: tl.constexpr, USE_PDL: tl.constexpr):
+                        TMA: tl.constexpr, ROW_NORM: tl.constexpr, PARTS_P2: tl.constexpr,
+                        RESIDUAL: tl.constexpr, USE_PDL: tl.constexpr):
     """GLU: w is the fused [gate; up] projection [2N, K]; the program's tile is BLOCK_N gate rows
     and the BLOCK_N up rows N below them, and it writes silu(gate) * up [M, N]. TMA: the loop's
     tiles come through x_desc and w_desc (tensor descriptors: the copy engine fetches them into
     shared memory and zero-fills past the edges); x_ptr and w_ptr still serve the L2 prefetches.
     AHEAD > 0: each iteration also asks L2 for the weight tile AHEAD tiles on (clamped to the
-    split's last), so the stream has more bytes in flight than the shared-memory ring holds."""
+    split's last), so the stream has more bytes in flight than the shared-memory ring holds.
+
+    ROW_NORM: x is a stream whose rows an RMSNorm (weight folded into w) would scale: the
+    epilogue multiplies each row by 1 / rms from the partial sums of squares [ss_parts, M] at
+    ss_in_ptr (read right after the PDL wait). RESIDUAL: the output is the stream's next value,
+    res + this product, with this tile's partial sums of squares at ss_out_ptr [N tiles, M]."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -106,6 +112,12 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
         for i in tl.static_range(PREFETCH):
             prefetch_tile(w_ptr, rows, tl.minimum(k_lo + i * BLOCK_K, k_hi - 1), K, up_rows, BLOCK_K, LINE, GLU)
     pdl_wait(USE_PDL)
+    rstd, res = 1.0, 0.0  # unused unless ROW_NORM, RESIDUAL
+    if ROW_NORM:
+        rstd = row_rstd(ss_in_ptr, ss_parts, offs_m, M, K, eps, PARTS_P2)
+    if RESIDUAL:
+        res = tl.load(res_ptr + offs_m[:, None].to(tl.int64) * stride_res + offs_n[None, :],
+                      mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0)
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_lo + offs_k)[None, :]
     m_mask = offs_m[:, None] < M
@@ -146,21 +158,37 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
                     acc_up += tl.load(part_ptr + (s * PARTS + 1) * M * N + tile_offs, mask=out_mask, other=0.0,
                                       cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + tile, 0)
-            epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
-                     HAS_SCALE, HAS_BIAS, GLU)
+            _end(acc, acc_up, rstd, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, pid_n, offs_m, offs_n, M, N,
+                 stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL)
     else:
-        epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_SCALE,
-                 HAS_BIAS, GLU)
+        _end(acc, acc_up, rstd, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, pid_n, offs_m, offs_n, M, N,
+             stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL)
 
 
 @triton.jit
-def epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
-             HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr):
-    """out[offs_m, offs_n] = acc [* scale] [+ bias]; with GLU, silu(that) * (acc_up [* scale] [+ bias])
-    where scale and bias of the up rows sit N entries on. Rounds where the unfused path (the
-    product, then activation.silu_and_mul) rounds. Shared by the stream-K kernel."""
+def _end(acc, acc_up, rstd, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, tile_n, offs_m, offs_n, M, N, stride_om,
+         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr, ROW_NORM: tl.constexpr,
+         RESIDUAL: tl.constexpr):
+    """The split-K kernel's epilogue: the row norm's scale (a row factor, so it goes before the
+    bias like the channel scale), then the plain store or the residual's."""
+    if ROW_NORM:
+        acc = acc * rstd[:, None]
+        if GLU:
+            acc_up = acc_up * rstd[:, None]
+    if RESIDUAL:
+        y = finish(acc, acc_up, scale_ptr, bias_ptr, offs_n, N, out_ptr.dtype.element_ty, HAS_SCALE, HAS_BIAS, GLU)
+        residual_epilogue(y, res, out_ptr, ss_out_ptr, tile_n, offs_m, offs_n, M, N, stride_om)
+    else:
+        epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_SCALE, HAS_BIAS, GLU)
+
+
+@triton.jit
+def finish(acc, acc_up, scale_ptr, bias_ptr, offs_n, N, dtype: tl.constexpr,
+           HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr):
+    """acc [* scale] [+ bias]; with GLU, silu(that) * (acc_up [* scale] [+ bias]) where scale and
+    bias of the up rows sit N entries on: fp32 values that `dtype` holds exactly where the unfused
+    path (the product, then activation.silu_and_mul) rounds, but for the last rounding."""
     n_mask = offs_n < N
-    dtype = out_ptr.dtype.element_ty
     y = acc
     if HAS_SCALE:
         y = y * tl.load(scale_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
@@ -175,8 +203,40 @@ def epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, st
         g = y.to(dtype).to(tl.float32)
         silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
         y = silu * u.to(dtype).to(tl.float32)
-    mask = (offs_m[:, None] < M) & n_mask[None, :]
+    return y
+
+
+@triton.jit
+def epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
+             HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr):
+    """out[offs_m, offs_n] = finish(...) in out's dtype. Shared by the stream-K kernel."""
+    dtype = out_ptr.dtype.element_ty
+    y = finish(acc, acc_up, scale_ptr, bias_ptr, offs_n, N, dtype, HAS_SCALE, HAS_BIAS, GLU)
+    mask = (offs_m[:, None] < M) & (offs_n < N)[None, :]
     tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :], y.to(dtype), mask=mask)
+
+
+@triton.jit
+def row_rstd(ss_ptr, parts, offs_m, M, K, eps, PARTS_P2: tl.constexpr):
+    """1 / rms of the rows offs_m of a stream K wide, from the `parts` partial sums of their
+    squares [parts, M] (fp32) that the product writing the stream left (`residual_epilogue`)."""
+    p = tl.arange(0, PARTS_P2)
+    ss = tl.load(ss_ptr + p[:, None] * M + offs_m[None, :], mask=(p[:, None] < parts) & (offs_m[None, :] < M),
+                 other=0.0)
+    return 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+
+
+@triton.jit
+def residual_epilogue(y, res, out_ptr, ss_ptr, tile_n, offs_m, offs_n, M, N, stride_om):
+    """The stream's next value: out = y (rounded to out's dtype) + res, rounded again, as the
+    unfused path's norm kernel adds; and this tile's share of each row's sum of squares of it,
+    to ss[tile_n, offs_m], which the next product's `row_rstd` sums."""
+    dtype = out_ptr.dtype.element_ty
+    mask = (offs_m[:, None] < M) & (offs_n < N)[None, :]
+    s = (y.to(dtype).to(tl.float32) + res.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :], s, mask=mask)
+    sf = tl.where(mask, s.to(tl.float32), 0.0)
+    tl.store(ss_ptr + tile_n * M + offs_m, tl.sum(sf * sf, axis=1), mask=offs_m < M)
 
 
 SMALL_M_MAX = 64  # above this the product is compute-bound: dequantise once and use cuBLAS
@@ -234,13 +294,18 @@ def quantized_linear_triton(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Ten
 
 def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
                           bias: torch.Tensor | None = None, config: dict | None = None,
-                          glu: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                          glu: bool = False, out_dtype: torch.dtype | None = None, norm=None,
+                          residual: torch.Tensor | None = None):
     """`w` [N, K] is int8 or fp8 with `scale`, or x's dtype with scale None (then `config` is
     required: the caller chose this kernel over cuBLAS by timing it). With `glu`, w is the fused
     [gate; up] projection [2N, K] and the output silu(gate) * up [.., N]; the tile holds
     BLOCK_N / 2 rows of each half, so a config timed for the plain product streams the same bytes
     a program. `out_dtype` (not with `glu`, which rounds where the unfused path does): the
-    output's dtype if not x's; the epilogue rounds the fp32 sum to it once."""
+    output's dtype if not x's; the epilogue rounds the fp32 sum to it once.
+
+    `norm` (a norm.RowNorm of x) and `residual`: the epilogue's fold of the RMSNorm before the
+    product and of the residual add after it (quant.small_m_linear); with `residual` the result is
+    (the stream's next value, its partial sums of squares [N tiles, M])."""
     assert out_dtype is None or not glu, "SwiGLU's output is x's dtype"
     from ._dispatch import sm_count
     N, K = w.shape
@@ -263,8 +328,9 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     cfg.setdefault("AHEAD", 0)
     out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0:
-        return out.view(*x.shape[:-1], N)
+        return out.view(*x.shape[:-1], N) if residual is None else (out, out.new_zeros((1, 0), dtype=torch.float32))
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m), split_k)
+    fold = FoldArgs(out, grid[0], M, norm, residual)
     if split_k > 1:
         part = torch.empty((split_k, 2 if glu else 1, M, N), dtype=torch.float32, device=x.device)
         counters = _tile_counters(x.device, grid[0] * grid[1])
@@ -276,10 +342,36 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     x_desc, w_desc = tensor_descriptors(x2, w_arg, block_m, cfg) if cfg.pop("TMA", 0) else (x2, w_arg)
     _int8_linear_kernel[grid](x2, w_arg, x_desc, w_desc, dummy,
                               bias if bias is not None else dummy, out, part,
-                              counters, M, N, K, x2.stride(0), w.stride(0), out.stride(0),
+                              counters, M, N, K, x2.stride(0), w.stride(0), out.stride(0), *fold.args,
+                              ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2, RESIDUAL=residual is not None,
                               HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8,
                               EVEN_K=K % cfg["BLOCK_K"] == 0,
                               DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GLU=glu,
                               SPLIT_K=split_k, BLOCK_M=block_m, TMA=x_desc is not x2,
                               LINE=min(128 // w.element_size(), cfg["BLOCK_K"]), **cfg, **pdl_args(x2))
+    if residual is not None:
+        return out, fold.sum_squares
     return out.view(*x.shape[:-1], N)
+
+
+class FoldArgs:
+    """The fold's kernel arguments, shared by the split-K and ring launchers: (ss_in, parts, eps,
+    residual, its row stride, ss_out), with `out` standing in for what is absent; `sum_squares`
+    the [tiles, M] fp32 partials a residual product writes; `parts_p2` the power of two that
+    holds norm's partials (row_rstd loads them in one tile)."""
+
+    def __init__(self, out: torch.Tensor, tiles: int, M: int, norm, residual: torch.Tensor | None) -> None:
+        from ._dispatch import next_pow2
+        self.sum_squares = None
+        ss_in, parts, eps, res, stride_res, ss_out = out, 1, 0.0, out, 0, out
+        if norm is not None:
+            ss_in, parts, eps = norm.sum_squares, norm.sum_squares.shape[0], norm.eps
+            assert norm.sum_squares.shape[1] == M and norm.sum_squares.is_contiguous(), "partials [parts, M]"
+        if residual is not None:
+            res = residual.reshape(M, -1)
+            assert res.shape == out.shape and res.stride(-1) == 1 and res.dtype == out.dtype, \
+                "the residual is the output's shape and dtype, its rows contiguous"
+            stride_res = res.stride(0)
+            self.sum_squares = ss_out = torch.empty((tiles, M), dtype=torch.float32, device=out.device)
+        self.args = (ss_in, parts, eps, res, stride_res, ss_out)
+        self.parts_p2 = next_pow2(parts)

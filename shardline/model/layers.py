@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from shardline.kernels import activation, gemv, quant
+from shardline.kernels._dispatch import use_triton
+from shardline.kernels.norm import RowNorm
 from shardline.parallel import TPGroup
 
 
@@ -67,6 +69,26 @@ class Linear:
             if glu:
                 y = activation.silu_and_mul(y)
         return y if out_dtype is None else y.to(out_dtype)
+
+    def folds(self, x: torch.Tensor) -> bool:
+        """The product takes the fold (`fold`) in its epilogue at x's rows: where the table chose
+        the split-K or the ring kernel, and off the GPU, where the reference computes the same."""
+        choice = self._choice(x)
+        if choice is None:
+            return not use_triton(x)
+        return choice["impl"] in ("triton", "ring")
+
+    def fold(self, x: torch.Tensor, norm: RowNorm | None = None, residual: torch.Tensor | None = None,
+             glu: bool = False):
+        """The product with the RMSNorm before it and the residual add after it in its epilogue
+        (where `folds(x)`): x's rows scale by `norm`'s 1 / rms (the norm's weight is folded into
+        this weight); with `residual`, returns (residual + the product, its partial sums of
+        squares), the stream and the next product's RowNorm."""
+        choice = self._choice(x)
+        if choice is not None and choice["impl"] == "ring":
+            return quant.ring_linear(x, self.weight, self.bias, choice["config"], glu=glu, norm=norm, residual=residual)
+        return quant.small_m_linear(x, self.weight, self.scale, self.bias, choice and choice["config"], glu=glu,
+                                    norm=norm, residual=residual)
 
     def fused(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
               glu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

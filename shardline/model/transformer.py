@@ -10,12 +10,14 @@ Tokens are packed: a step's T tokens from all sequences form one [T, H] matrix.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 from shardline.config import ModelConfig
 from shardline.kernels import activation, attention, norm, rotary
+from shardline.kernels.norm import RowNorm
 from shardline.model.layers import Linear, VocabParallelEmbedding
 from shardline.parallel import TPGroup
 
@@ -46,9 +48,34 @@ class Norm:
         return norm.layer_norm(x, self.weight, self.bias, self.eps, residual)
 
 
+# SHARDLINE_FOLD_NORMS=0 keeps the norm kernels at decode batches (the weights are folded still):
+# the A/B of benchmarks/decode_bench.py.
+FOLD_NORMS = os.environ.get("SHARDLINE_FOLD_NORMS", "1") != "0"
+
+
+def fold_norm_weight(w: dict[str, torch.Tensor], norm_name: str, linear_name: str) -> None:
+    """RMSNorm(x) * g @ W.T = RMSNorm(x) @ (W * g).T: the norm's weight g goes into the columns of
+    the product after it, and the norm keeps a weight of ones. Replaces the two entries of `w`
+    (not the tensors, which their other holders keep; the dict stays consistent if reused)."""
+    g = w[norm_name]
+    if not bool((g == 1).all()):
+        w[linear_name] = w[linear_name] * g  # one rounding of the exact product, as in fp32
+        w[norm_name] = torch.ones_like(g)
+
+
 class DecoderLayer:
     def __init__(self, cfg: ModelConfig, tp: TPGroup, w: dict[str, torch.Tensor], prefix: str,
                  cos_sin: torch.Tensor | None) -> None:
+        # Llama-style layers (RMSNorm without bias, sequential residual, SwiGLU) with weights of
+        # the model's dtype fold each norm's weight into the product after it (fold_norm_weight),
+        # so that at a batch of decode rows the norm is a row scale in that product's epilogue
+        # and the residual add one in the epilogue of the product before (`_decode_folded`).
+        self.folded = (cfg.norm == "rms" and not cfg.parallel_residual and cfg.activation == "silu_glu"
+                       and f"{prefix}input_norm.bias" not in w and f"{prefix}qkv_proj.weight_scale" not in w)
+        if self.folded:
+            fold_norm_weight(w, f"{prefix}input_norm.weight", f"{prefix}qkv_proj.weight")
+            fold_norm_weight(w, f"{prefix}post_attention_norm.weight", f"{prefix}gate_up_proj.weight")
+
         def linear(name: str) -> Linear:
             return Linear(w[f"{prefix}{name}.weight"], w.get(f"{prefix}{name}.bias"),
                           w.get(f"{prefix}{name}.weight_scale"))
@@ -79,6 +106,11 @@ class DecoderLayer:
     def _attend(self, qkv: torch.Tensor, meta: StepMetadata, k_cache: torch.Tensor,
                 v_cache: torch.Tensor) -> torch.Tensor:
         """From the qkv projection [T, (nh + 2 nkv) hd] of this rank's heads to the partial output."""
+        return self.o_proj(self._heads(qkv, meta, k_cache, v_cache), add_bias=False)
+
+    def _heads(self, qkv: torch.Tensor, meta: StepMetadata, k_cache: torch.Tensor,
+               v_cache: torch.Tensor) -> torch.Tensor:
+        """The attention of this rank's heads [T, nh * hd], before the o projection."""
         T, hd = qkv.shape[0], self.cfg.head_dim
         q_size, kv_size = self.num_heads * hd, self.num_kv_heads * hd
         q = qkv[:, :q_size].view(T, self.num_heads, hd)
@@ -98,7 +130,7 @@ class DecoderLayer:
             o = attention.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                           meta.query_start_loc, self.scale, max_query_len=meta.max_query_len,
                                           max_seq_len=meta.max_seq_len)  # (T, nh, hd)
-        return self.o_proj(o.reshape(T, q_size), add_bias=False)
+        return o.reshape(T, q_size)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """Partial (pre-all-reduce, bias-free) MLP output [T, H]."""
@@ -118,6 +150,30 @@ class DecoderLayer:
         act, residual = self.up_proj.fused(attn, n2.weight, n2.eps, residual, glu=True)
         return self._reduce(self.down_proj(act, add_bias=False), self.down_proj.bias), residual
 
+    def folds(self, h: torch.Tensor) -> bool:
+        """This layer runs `_decode_folded` at h's rows: its weights hold the norms' (one rank:
+        the residual adds need the whole sums, which TP's all-reduces would split) and every
+        product chosen for these rows takes the fold in its epilogue."""
+        return (FOLD_NORMS and self.folded and self.tp.size == 1
+                and all(lin.folds(h) for lin in (self.qkv_proj, self.o_proj, self.up_proj, self.down_proj)))
+
+    def _decode_folded(self, h: torch.Tensor, residual: torch.Tensor | RowNorm | None, meta: StepMetadata,
+                       k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, RowNorm]:
+        """The layer with no norm kernel: each product before a norm adds the residual in its
+        epilogue and leaves the stream's sums of squares; each product after one scales its rows
+        by 1 / rms in its epilogue, the norm's weight folded into its own. The layer takes the
+        whole stream with its RowNorm from the layer before (else runs the input norm's kernel:
+        the first layer, or after a layer that did not fold) and returns the same."""
+        if isinstance(residual, RowNorm):
+            stream, qkv = h, self.qkv_proj.fold(h, norm=residual)
+        else:
+            x, summed = self.input_norm(h, residual)
+            stream, qkv = (h if residual is None else summed), self.qkv_proj(x)
+        stream, sum_squares = self.o_proj.fold(self._heads(qkv, meta, k_cache, v_cache), residual=stream)
+        act = self.up_proj.fold(stream, norm=RowNorm(sum_squares, self.post_attention_norm.eps), glu=True)
+        stream, sum_squares = self.down_proj.fold(act, residual=stream)
+        return stream, RowNorm(sum_squares, self.input_norm.eps)
+
     def _reduce(self, partial: torch.Tensor, *biases: torch.Tensor | None) -> torch.Tensor:
         out = self.tp.all_reduce(partial)
         for b in biases:
@@ -125,9 +181,14 @@ class DecoderLayer:
                 out = out + b
         return out
 
-    def __call__(self, h: torch.Tensor, residual: torch.Tensor | None, meta: StepMetadata,
-                 k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h, residual) -> (h', residual'): the stream is h + residual; norms fuse the add."""
+    def __call__(self, h: torch.Tensor, residual: torch.Tensor | RowNorm | None, meta: StepMetadata,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | RowNorm]:
+        """(h, residual) -> (h', residual'): the stream is h + residual; norms fuse the add. A
+        RowNorm for residual: h is the whole stream, and these are its rows' statistics."""
+        if self.folds(h):
+            return self._decode_folded(h, residual, meta, k_cache, v_cache)
+        if isinstance(residual, RowNorm):
+            residual = None
         if self.fuse_decode and self.qkv_proj.uses_gemv(h):
             return self._decode(h, residual, meta, k_cache, v_cache)
         x, residual = self.input_norm(h, residual)
@@ -198,10 +259,13 @@ class StageModel:
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h, residual = layer(h, residual, meta, k_cache, v_cache)
+        if isinstance(residual, RowNorm):  # the folded layers leave the whole stream in h
+            residual = None
         if not self.is_last:
-            return h + residual
+            return h if residual is None else h + residual
         rows = meta.sample_rows
-        h, residual = h[rows], residual[rows]  # only the rows whose next token is drawn
+        h = h[rows]  # only the rows whose next token is drawn
+        residual = None if residual is None else residual[rows]
         if self.norm.is_rms and self.norm.bias is None and self.lm_head.uses_gemv(h):
             logits = self.lm_head.fused(h, self.norm.weight, self.norm.eps, residual)[0]
         else:

@@ -121,3 +121,42 @@ def test_operands_it_cannot_take_are_a_clear_error(device):
     x = torch.randn(65, 128, device=device, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="at most 64"):
         ring_linear(x, torch.randn(96, 128, device=device, dtype=torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [5, 64])
+@pytest.mark.parametrize("config", [dict(BLOCK_N=64, BLOCK_K=128, STAGES=6, SPLIT_K=1),
+                                    dict(BLOCK_N=64, BLOCK_K=64, STAGES=4, SPLIT_K=3),
+                                    dict(SUB=16, BLOCK_K=64, STAGES=4)])
+@pytest.mark.parametrize("fold", ["norm", "residual", "both", "norm-glu"])
+def test_ring_epilogue_folds_the_norm_and_the_residual(device, M, config, fold):
+    """The ring's ROW_NORM (1 / rms from the partial sums of squares, loaded by the consumers
+    after the PDL wait) and RESIDUAL (the stream's next value and its tiles' sums of squares)
+    against the reference, tiled, K split and balanced, N = 200 no multiple of the tile."""
+    _skip_unless_hopper(device)
+    from shardline.kernels.norm import RowNorm
+    from shardline.kernels.quant import _reference
+    N, K, dtype = 200, 1024, torch.bfloat16
+    s = torch.randn(M, K, device=device, dtype=dtype)
+    norm = RowNorm(torch.stack([c.float().pow(2).sum(-1) for c in s.chunk(7, dim=1)]).contiguous(), 1e-5)
+    glu = fold == "norm-glu"
+    w = (torch.randn(2 * N if glu else N, K, device=device) * 0.05).to(dtype)
+    residual = torch.randn(M, N, device=device, dtype=dtype)
+    kw = dict(norm=norm if fold != "residual" else None, residual=residual if fold in ("residual", "both") else None)
+    want = _reference(s, w, None, None, glu, None, **kw)
+    for attempt in range(2):
+        got = ring_linear(s, w, None, config, glu=glu, **kw)
+        if kw["residual"] is None:
+            assert_close(got, want, f"ring {config} {fold}, call {attempt + 1}")
+        else:
+            assert_close(got[0], want[0], f"ring {config} {fold} stream, call {attempt + 1}")
+            assert_close(got[1].sum(0), want[1].sum(0), f"ring {config} {fold} sums of squares", tol=1e-4)
+
+
+def test_cpu_fold_returns_the_stream_and_its_sums_of_squares():
+    from shardline.kernels.norm import RowNorm
+    s, w, residual = torch.randn(5, 64), torch.randn(96, 64), torch.randn(5, 96)
+    out, ss = ring_linear(s, w, None, residual=residual, norm=RowNorm(s.pow(2).sum(-1)[None], 1e-5))
+    want = s / s.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt() @ w.T + residual
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ss[0], out.pow(2).sum(-1))

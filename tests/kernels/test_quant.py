@@ -5,6 +5,7 @@ import torch
 
 from kernel_testing import assert_close, assert_graph_replays_deterministic, skip_interpreted_bf16_dot
 from shardline.kernels import _dispatch
+from shardline.kernels.norm import RowNorm
 from shardline.kernels.quant import (linear_ref, quantize_fp8_ref, quantize_int8_ref, quantized_linear,
                                      quantized_linear_ref, small_m_linear)
 
@@ -221,3 +222,64 @@ def test_outgrown_tile_counters_stay_allocated():
         if saved[0] is not None:
             triton_quant._counters[dev] = saved[0]
         triton_quant._outgrown[:] = saved[1]
+
+
+def _fold_problem(M, N, K, dtype, device, parts=5):
+    """A stream s [M, K] with its sums of squares in `parts` partials, an RMSNorm weight g, a
+    weight W [N, K] and a residual [M, N]: the fold's operands and the unfused path's."""
+    s = torch.randn(M, K, device=device, dtype=dtype)
+    cuts = torch.linspace(0, K, parts + 1).long().tolist()
+    ss = torch.stack([s[:, a:b].float().pow(2).sum(-1) for a, b in zip(cuts, cuts[1:])]).contiguous()
+    g = (torch.rand(K, device=device) + 0.5).to(dtype)
+    w = (torch.randn(N, K, device=device) * 0.05).to(dtype)
+    residual = torch.randn(M, N, device=device, dtype=dtype)
+    return s, RowNorm(ss, 1e-5), g, w, residual
+
+
+def test_fold_reference_is_the_norm_then_the_product_then_the_add():
+    """The fold's algebra, on the CPU path every device shares: RMSNorm(s) * g @ W.T equals
+    (s @ (W * g).T) / rms(s), and the residual product returns s' = product + residual with the
+    sums of squares of s'."""
+    from shardline.kernels.norm import rms_norm_ref
+    s, norm, g, w, residual = _fold_problem(6, 40, 96, torch.float64, "cpu")
+    if _dispatch.use_triton(s):
+        pytest.skip("TRITON_INTERPRET routes CPU tensors to Triton")
+    normed, _ = rms_norm_ref(s, g, 1e-5)
+    folded = small_m_linear(s, w * g, None, None, {}, norm=norm)
+    torch.testing.assert_close(folded, normed @ w.T)
+    out, ss = small_m_linear(normed, w, None, None, {}, residual=residual)
+    torch.testing.assert_close(out, normed @ w.T + residual)
+    torch.testing.assert_close(ss.sum(0), out.pow(2).sum(-1))
+    with pytest.raises(ValueError, match="residual add follows a plain product"):
+        small_m_linear(s, torch.cat([w, w]), None, None, {}, glu=True, residual=residual)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("M,N,K", [(5, 200, 384), (64, 96, 512)])
+@pytest.mark.parametrize("fold", ["norm", "residual", "both", "norm-glu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tma", [0, 1])
+def test_split_k_epilogue_folds_the_norm_and_the_residual(device, split_k, M, N, K, fold, dtype, tma):
+    """The split-K kernel's ROW_NORM and RESIDUAL epilogues against the reference, whatever the
+    split (the last split's epilogue) and the producer's partial count (5 here, 64 in Llama)."""
+    skip_interpreted_bf16_dot(device, dtype)
+    if tma and device != "cuda":
+        pytest.skip("tensor-memory-accelerator loads need a Hopper GPU")
+    s, norm, g, w, residual = _fold_problem(M, N, K, dtype, device)
+    glu = fold == "norm-glu"
+    if glu:
+        w = torch.cat([w, w.flip(0)])
+    kw = dict(norm=norm if fold != "residual" else None, residual=residual if fold in ("residual", "both") else None)
+    cfg = dict(BLOCK_M=16 if M <= 16 else 64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=split_k, num_warps=4, num_stages=3,
+               TMA=tma)
+    from shardline.kernels.quant import _reference
+    want = _reference(s, w, None, None, glu, None, **kw)
+    for attempt in range(2):  # the tile counters must be back at zero after each call
+        got = small_m_linear(s, w, None, None, cfg, glu=glu, **kw)
+        if kw["residual"] is None:
+            assert_close(got, want, f"split-K {fold}, call {attempt + 1}")
+        else:
+            assert_close(got[0], want[0], f"split-K {fold} stream, call {attempt + 1}")
+            assert got[1].shape == (-(-N // 64), M)
+            assert_close(got[1].sum(0), want[1].sum(0), f"split-K {fold} sums of squares", tol=1e-4)

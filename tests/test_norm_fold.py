@@ -1,0 +1,81 @@
+"""The RMSNorm fold (model/transformer.py): each Llama-style layer's norm weights go into the
+products after them, and at decode batches the norms become row scales and residual adds in the
+products' epilogues. On the CPU the products' references compute the fold, so the layer's
+arithmetic is checked here against the plain path on the same weights; the kernels' epilogues
+are checked against the same references on the GPU (tests/kernels)."""
+
+from __future__ import annotations
+
+import torch
+
+from shardline.config import ModelConfig
+from shardline.kernels.norm import RowNorm
+from shardline.model import transformer
+from shardline.model.random_weights import LLAMA_SMALL, random_manifest, random_stage_weights
+from shardline.model.transformer import DecoderLayer, StageModel, StepMetadata, fold_norm_weight
+from shardline.parallel import single_rank
+
+
+def test_fold_norm_weight_moves_the_weight_into_the_columns_once():
+    w = {"n.weight": torch.tensor([1.0, 2.0, 0.5]), "l.weight": torch.ones(4, 3)}
+    original = w["l.weight"]
+    fold_norm_weight(w, "n.weight", "l.weight")
+    assert torch.equal(w["l.weight"], torch.tensor([[1.0, 2.0, 0.5]] * 4)) and torch.equal(w["n.weight"], torch.ones(3))
+    assert torch.equal(original, torch.ones(4, 3)), "the caller's tensor is left alone"
+    fold_norm_weight(w, "n.weight", "l.weight")  # a dict reused for a second model: nothing more to fold
+    assert torch.equal(w["l.weight"], torch.tensor([[1.0, 2.0, 0.5]] * 4))
+
+
+def _model() -> tuple[StageModel, ModelConfig]:
+    cfg = ModelConfig(**LLAMA_SMALL)
+    weights = random_stage_weights(random_manifest(cfg, "fp32"), 0, 0, "cpu", seed=3)
+    gen = torch.Generator().manual_seed(5)
+    for name in list(weights):
+        if "norm" in name:  # away from 1, so that the fold matters
+            weights[name] = torch.rand(weights[name].shape, generator=gen) + 0.5
+    return StageModel(cfg, single_rank(), weights, 0, cfg.num_layers, True, True), cfg
+
+
+def _decode_step(cfg: ModelConfig, rows: int, context: int, block_size: int = 16):
+    blocks = -(-context // block_size)
+    caches = [(torch.randn(rows * blocks, block_size, cfg.num_kv_heads, cfg.head_dim) * 0.1,
+               torch.randn(rows * blocks, block_size, cfg.num_kv_heads, cfg.head_dim) * 0.1)
+              for _ in range(cfg.num_layers)]
+    tables = torch.arange(rows * blocks, dtype=torch.int32).view(rows, blocks)
+    positions = torch.full((rows,), context - 1, dtype=torch.int64)
+    slots = tables[:, -1].long() * block_size + (context - 1) % block_size
+    meta = StepMetadata(positions=positions, slot_mapping=slots, block_tables=tables,
+                        seq_lens=torch.full((rows,), context, dtype=torch.int32),
+                        query_start_loc=torch.arange(rows + 1, dtype=torch.int32),
+                        sample_rows=torch.arange(rows), max_query_len=1, max_seq_len=context)
+    return torch.randint(0, cfg.vocab_size, (rows,)), meta, caches
+
+
+def test_folded_decode_step_matches_the_plain_path(monkeypatch):
+    """A decode step of 6 rows through the folded layers (the stream and its RowNorm passed from
+    layer to layer) gives the logits of the plain path (norm kernels, then the products) on the
+    same folded weights, and of the weights before folding."""
+    model, cfg = _model()
+    assert all(layer.folded for layer in model.layers)
+    ids, meta, caches = _decode_step(cfg, 6, 40)
+    seen = []
+    real = DecoderLayer._decode_folded
+
+    def spy(self, *args):
+        out = real(self, *args)
+        seen.append(out[1])
+        return out
+    monkeypatch.setattr(DecoderLayer, "_decode_folded", spy)
+    with torch.inference_mode():
+        folded = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
+    assert len(seen) == cfg.num_layers and all(isinstance(r, RowNorm) for r in seen)
+    monkeypatch.setattr(DecoderLayer, "folds", lambda self, h: False)
+    with torch.inference_mode():
+        plain = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
+    torch.testing.assert_close(folded, plain, rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(transformer, "fold_norm_weight", lambda *a: None)
+    unfolded, _ = _model()
+    assert not any(torch.equal(l.input_norm.weight, torch.ones_like(l.input_norm.weight)) for l in unfolded.layers)
+    with torch.inference_mode():
+        before = unfolded.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
+    torch.testing.assert_close(before, plain, rtol=1e-4, atol=1e-4)
