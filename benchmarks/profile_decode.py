@@ -80,13 +80,23 @@ def print_decode_window(prof, num_layers: int, rows: int = 18) -> None:
         print("no decode attention kernel recorded")
         return
     t0 = min(s[1] for s in decode)
-    window = [s for s in spans if s[1] >= t0]
+    window = sorted((s for s in spans if s[1] >= t0), key=lambda s: s[1])
     steps = len(decode) / num_layers
-    stats, idle, wall = critical_path(window)
+    stats, idle, wall = critical_path(by_predecessor(window))
     print(f"\ndecode window: {steps:.1f} steps, {wall / steps / 1e3:.3f} ms a step, {idle / steps:.1f} us of it idle")
     print(f"{'activity':<60} {'a step':>6} {'us each':>8} {'crit us/step':>12}")
     for name, (n, total, own) in sorted(stats.items(), key=lambda kv: -kv[1][2])[:rows]:
         print(f"{name[:60]:<60} {n / steps:>6.1f} {total / n:>8.2f} {own / steps:>12.1f}")
+
+
+def by_predecessor(spans: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """Spans (in start order) renamed "kernel < the kernel before it", which tells one kernel's
+    uses apart: the split-K GEMM after the ring is gate/up, after itself down, after a norm the
+    head."""
+    def short(name: str) -> str:
+        return name.split("(")[0].split("<")[0].replace("void ", "")[:28]
+    return [(f"{short(name)} < {short(spans[i - 1][0]) if i else '-'}", start, end)
+            for i, (name, start, end) in enumerate(spans)]
 
 
 def print_timeline(pipeline, batch: int, replays: int = 5, context: int = 192, rows: int = 18) -> None:
@@ -103,7 +113,7 @@ def print_timeline(pipeline, batch: int, replays: int = 5, context: int = 192, r
     if not spans:
         print("the profiler recorded no kernels of the graph replays")
         return
-    stats, idle, wall = critical_path(spans)
+    stats, idle, wall = critical_path(by_predecessor(sorted(spans, key=lambda s: s[1])))
     print(f"batch {batch}, context {context}: {wall / replays / 1e3:.3f} ms a replay, "
           f"{idle / replays:.1f} us of it idle; {len(spans) // replays} kernels a replay")
     print(f"{'kernel':<60} {'a step':>6} {'us each':>8} {'crit us/step':>12} {'share':>6}")

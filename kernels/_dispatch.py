@@ -96,8 +96,10 @@ def next_pow2(n: int) -> int:
 
 @functools.cache
 def num_sms(device_index: int) -> int:
-    if not torch.cuda.is_available():
-        return 132  # interpreter: pretend H200, only grid shapes depend on it
+    """Multiprocessors of CUDA device `device_index`; -1 (a CPU tensor: the interpreter or a
+    reference, where only grid shapes depend on it) pretends an H200's 132."""
+    if device_index < 0 or not torch.cuda.is_available():
+        return 132
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 

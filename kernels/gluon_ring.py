@@ -121,13 +121,12 @@ def _consumer(x_ring, w_ring, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, r
     out_layout: gl.constexpr = _out_layout(num_warps)
     rstd = gl.full((BLOCK_M,), 1.0, gl.float32, layout=gl.SliceLayout(1, out_layout))
     res = rstd  # a placeholder unless RESIDUAL
-    if ROW_NORM:
-        ss_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])
+    ss_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])
+    if ROW_NORM:  # requested here, summed after the loop (a sum here would wait for the loads)
         p = gl.arange(0, PARTS_P2, layout=gl.SliceLayout(1, ss_layout))
         m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ss_layout))
         ss = gl.load(ss_in_ptr + p[:, None] * M + m[None, :], mask=(p[:, None] < ss_parts) & (m[None, :] < M),
                      other=0.0)
-        rstd = gl.convert_layout(1.0 / gl.sqrt(gl.sum(ss, axis=0) / K + eps), gl.SliceLayout(1, out_layout))
     if RESIDUAL:
         offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
         offs_n = row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
@@ -147,6 +146,8 @@ def _consumer(x_ring, w_ring, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, r
             acc_up = warpgroup_mma(x, w_ring.index(slot * WT + 1).permute((1, 0)), acc_up, is_async=True)
         acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
         mbarrier.arrive(empty.index(slot))
+    if ROW_NORM:
+        rstd = gl.convert_layout(1.0 / gl.sqrt(gl.sum(ss, axis=0) / K + eps), gl.SliceLayout(1, out_layout))
     return acc, acc_up, rstd, res
 
 

@@ -112,9 +112,11 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
         for i in tl.static_range(PREFETCH):
             prefetch_tile(w_ptr, rows, tl.minimum(k_lo + i * BLOCK_K, k_hi - 1), K, up_rows, BLOCK_K, LINE, GLU)
     pdl_wait(USE_PDL)
-    rstd, res = 1.0, 0.0  # unused unless ROW_NORM, RESIDUAL
+    # The fold's operands, requested now and first read in the epilogue, so that the loop never
+    # waits for them (1 / rms itself is computed there too: a sum here would wait for the loads).
+    ss, res = 0.0, 0.0  # unused unless ROW_NORM, RESIDUAL
     if ROW_NORM:
-        rstd = row_rstd(ss_in_ptr, ss_parts, offs_m, M, K, eps, PARTS_P2)
+        ss = load_partials(ss_in_ptr, ss_parts, offs_m, M, PARTS_P2)
     if RESIDUAL:
         res = tl.load(res_ptr + offs_m[:, None].to(tl.int64) * stride_res + offs_n[None, :],
                       mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0)
@@ -158,20 +160,21 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
                     acc_up += tl.load(part_ptr + (s * PARTS + 1) * M * N + tile_offs, mask=out_mask, other=0.0,
                                       cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + tile, 0)
-            _end(acc, acc_up, rstd, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, pid_n, offs_m, offs_n, M, N,
-                 stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL)
+            _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, pid_n, offs_m, offs_n, M, N, K,
+                 eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL)
     else:
-        _end(acc, acc_up, rstd, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, pid_n, offs_m, offs_n, M, N,
+        _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, pid_n, offs_m, offs_n, M, N, K, eps,
              stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL)
 
 
 @triton.jit
-def _end(acc, acc_up, rstd, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, tile_n, offs_m, offs_n, M, N, stride_om,
-         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr, ROW_NORM: tl.constexpr,
+def _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, tile_n, offs_m, offs_n, M, N, K, eps,
+         stride_om, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr, ROW_NORM: tl.constexpr,
          RESIDUAL: tl.constexpr):
     """The split-K kernel's epilogue: the row norm's scale (a row factor, so it goes before the
     bias like the channel scale), then the plain store or the residual's."""
     if ROW_NORM:
+        rstd = row_rstd(ss, K, eps)
         acc = acc * rstd[:, None]
         if GLU:
             acc_up = acc_up * rstd[:, None]
@@ -217,12 +220,17 @@ def epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, st
 
 
 @triton.jit
-def row_rstd(ss_ptr, parts, offs_m, M, K, eps, PARTS_P2: tl.constexpr):
-    """1 / rms of the rows offs_m of a stream K wide, from the `parts` partial sums of their
-    squares [parts, M] (fp32) that the product writing the stream left (`residual_epilogue`)."""
+def load_partials(ss_ptr, parts, offs_m, M, PARTS_P2: tl.constexpr):
+    """The `parts` partial sums of squares [parts, M] (fp32) of the rows offs_m of a stream, as the
+    product that wrote the stream left them (`residual_epilogue`): [PARTS_P2, len(offs_m)]."""
     p = tl.arange(0, PARTS_P2)
-    ss = tl.load(ss_ptr + p[:, None] * M + offs_m[None, :], mask=(p[:, None] < parts) & (offs_m[None, :] < M),
-                 other=0.0)
+    return tl.load(ss_ptr + p[:, None] * M + offs_m[None, :], mask=(p[:, None] < parts) & (offs_m[None, :] < M),
+                   other=0.0)
+
+
+@triton.jit
+def row_rstd(ss, K, eps):
+    """1 / rms of the rows of a stream K wide, from load_partials' tile."""
     return 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
 
 

@@ -1,6 +1,6 @@
 """benchmarks/profile_decode.py's critical-path split of a replay's kernels (CPU: synthetic spans)."""
 
-from benchmarks.profile_decode import critical_path
+from benchmarks.profile_decode import by_predecessor, critical_path
 
 
 def test_critical_path_charges_overlap_to_the_kernel_ahead_and_counts_idle():
@@ -25,3 +25,11 @@ def test_a_kernel_inside_another_costs_nothing():
     stats, idle, wall = critical_path([("a", 0.0, 10.0), ("b", 2.0, 5.0)])
     assert stats["b"][2] == 0.0 and idle == 0.0 and wall == 10.0
     assert critical_path([]) == ({}, 0.0, 0.0)
+
+
+def test_by_predecessor_tells_one_kernels_uses_apart():
+    spans = [("_ring_linear_kernel", 0.0, 1.0), ("_int8_linear_kernel", 1.0, 2.0), ("_int8_linear_kernel", 2.0, 3.0),
+             ("void at::native::reduce_kernel<512>(float*)", 3.0, 4.0)]
+    names = [n for n, _, _ in by_predecessor(spans)]
+    assert names == ["_ring_linear_kernel < -", "_int8_linear_kernel < _ring_linear_kernel",
+                     "_int8_linear_kernel < _int8_linear_kernel", "at::native::reduce_kernel < _int8_linear_kernel"]
