@@ -61,12 +61,16 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return (chunk * (V // chunks) + within.gather(1, chunk))[:, 0]
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], positions: torch.Tensor) -> torch.Tensor:
+def sample(logits: torch.Tensor, params: list[SamplingParams], positions: torch.Tensor,
+           greedy: torch.Tensor | None = None) -> torch.Tensor:
     """logits [B, V] (fp32), one SamplingParams per row, positions [B] = index of the token drawn.
 
-    Returns token ids [B]. Greedy rows take argmax (first max on ties, as HF does).
+    Returns token ids [B]. Greedy rows take argmax (first max on ties, as HF does); `greedy` [B],
+    when given, is that argmax already computed (a decode graph's), and is returned as it is
+    when every row is greedy.
     """
-    greedy = argmax_rows(logits)
+    if greedy is None:
+        greedy = argmax_rows(logits)
     if all(p.is_greedy for p in params):
         return greedy
     # Every per-row parameter in one host tensor and one copy (pinned on a GPU, so the copy does

@@ -8,10 +8,17 @@ replays the whole stage's step with one launch. Graphs are captured lazily, one 
 block-table width, so decode attention's split-K fits the real contexts, not the model's maximum.
 
 Every graph reads its step from one flat int64 device buffer, laid out per graph as
-[ids b | positions b | slots b | seq_lens b int32 | block table b x width int32]. The host fills
-the same layout in a pinned staging slot and sends it with one asynchronous copy, so launching a
-step never waits for the one before it (staging.py). Only the first stage's token ids or another
-stage's hidden rows, and that metadata, change between replays.
+[ids b | src b | positions b | slots b | seq_lens b int32 | block table b x width int32]. The host
+fills the same layout in a pinned staging slot and sends it with one asynchronous copy, so
+launching a step never waits for the one before it (staging.py). Only the first stage's token ids
+or another stage's hidden rows, and that metadata, change between replays.
+
+A last stage's graph ends with the greedy argmax of its logits, written to the persistent buffer
+`sampled`. The engine replays only steps in which every row samples, so row j there is the
+step's j-th sampled id; where rows sample at a temperature, the engine writes the drawn ids over
+it. On a one-stage model the graph also starts from it: a row whose token the previous step is
+still sampling (overlap.py) has `src` = that token's row in `sampled`, and `src` = -1 takes the
+host id. A greedy decode step is then one copy up, one replay and one copy of the ids down.
 """
 
 from __future__ import annotations
@@ -19,11 +26,13 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from shardline.model.transformer import StageModel, StepMetadata
+from shardline.sampler import argmax_rows
 from shardline.stage_worker.staging import HostStep, PinnedStaging
 
 log = logging.getLogger("shardline.stage_worker")
@@ -46,6 +55,8 @@ class CudaGraphRunner:
         self.hidden = None if model.is_first else torch.zeros(B, model.cfg.hidden_size, dtype=model.dtype, device=dev)
         self.query_start_loc = torch.arange(B + 1, dtype=torch.int32, device=dev)
         self.sample_rows = torch.arange(B, dtype=torch.int64, device=dev)
+        # The last replayed step's sampled ids (last stage): what the next replay's pending rows read.
+        self.sampled = torch.zeros(B, dtype=torch.int64, device=dev) if model.is_last else None
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
         self.num_replays = 0
@@ -88,20 +99,41 @@ class CudaGraphRunner:
     def _layout(self, b: int, ctx: int) -> "StepLayout":
         return StepLayout(b, -(-ctx // self.block_size))
 
+    def _step(self, b: int, ctx: int) -> Callable[[], torch.Tensor]:
+        """What graph (b, ctx) runs: its inputs from the buffer, the stage, and on a last stage the
+        greedy argmax into `sampled`. Returns the stage's output [b, ...]."""
+        ids, src, meta = self._layout(b, ctx).views(self.buffer, self.query_start_loc, self.sample_rows, ctx)
+        model = self.model
+
+        def step() -> torch.Tensor:
+            if not model.is_first:
+                inputs = self.hidden[:b]
+            else:  # reads `sampled` before this step's argmax overwrites it (one stream, in order)
+                inputs = resolve_ids(ids, src, self.sampled) if model.is_last else ids
+            out = model.forward(inputs, meta, self.kv_layers)
+            if model.is_last:
+                self.sampled[:b].copy_(argmax_rows(out))
+            return out
+
+        return step
+
     def _capture(self, b: int, ctx: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        layout = self._layout(b, ctx)
-        ids, meta = layout.views(self.buffer, self.query_start_loc, self.sample_rows, ctx)
-        inputs = ids if self.model.is_first else self.hidden[:b]
+        step = self._step(b, ctx)
         self.load(b, ctx)
+        # The warm-up runs the step for real: keep the sampled ids that a step being launched
+        # (a graph captured on first use) may still read.
+        sampled = self.sampled.clone() if self.sampled is not None else None
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture
-                self.model.forward(inputs, meta, self.kv_layers)
+                step()
         torch.cuda.current_stream(self.device).wait_stream(stream)
+        if sampled is not None:
+            self.sampled.copy_(sampled)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = self.model.forward(inputs, meta, self.kv_layers)
+            out = step()
         if self.pool is None:
             self.pool = graph.pool()
         return graph, out
@@ -116,10 +148,15 @@ class CudaGraphRunner:
         layout.fill(buf, step or HostStep())
         self.staging.upload(slot, layout.numel, self.buffer)
 
-    def run(self, inputs: torch.Tensor, step: HostStep) -> torch.Tensor | None:
-        """A decode step (a HostStep of n rows) and its inputs in; the stage's output for those n
-        rows out, or None when no graph fits. Host token ids travel in the staged buffer; device
-        inputs (ids resolved on the GPU, or hidden rows) are copied into the graph's own."""
+    def run(self, inputs: torch.Tensor, step: HostStep, pending: list[tuple[int, int]] | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """A decode step (a HostStep of n rows) and its inputs in; None when no graph fits, else
+        the stage's output for those n rows and, on a last stage, their greedy ids [n] (a view of
+        `sampled`, overwritten by the next replay). Host token ids travel in the staged buffer;
+        device inputs (ids resolved on the GPU, or hidden rows) are copied into the graph's own.
+
+        `pending` (one-stage model, host ids): (row, j) for each row whose id is the previous
+        step's j-th sampled id, which the graph reads from `sampled`."""
         n = len(step.seq_lens)
         key = self.buckets(n, step.max_seq_len)
         if key is None:
@@ -128,49 +165,68 @@ class CudaGraphRunner:
         b, ctx = key
         layout = self._layout(b, ctx)
         host_ids = self.model.is_first and inputs.device.type == "cpu"
+        assert not pending or (host_ids and self.model.is_last), "pending rows need host ids on a one-stage model"
         slot, buf = self.staging.slot()
-        layout.fill(buf, step, inputs.numpy() if host_ids else None)
+        layout.fill(buf, step, inputs.numpy() if host_ids else None, pending)
         self.staging.upload(slot, layout.numel, self.buffer)
         if not host_ids:
             dst = self.buffer[:n] if self.model.is_first else self.hidden[:n]
             dst.copy_(inputs, non_blocking=True)
         graph.replay()
         self.num_replays += 1
-        return out[:n]
+        return out[:n], (self.sampled[:n] if self.model.is_last else None)
+
+
+def resolve_ids(ids: torch.Tensor, src: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
+    """Each row's token id [b]: sampled[src] where src >= 0 (a token the previous step sampled on
+    the device), else the host's id."""
+    return torch.where(src >= 0, sampled[src.clamp(min=0)], ids)
+
+
+def write_src(src: np.ndarray, pending: list[tuple[int, int]] | None) -> None:
+    """A step's src column for resolve_ids: -1 but for each pending (row, j), where it is j."""
+    src[:] = -1
+    if pending:
+        rows, js = np.asarray(pending, dtype=np.int64).T
+        src[rows] = js
 
 
 class StepLayout:
     """Where a graph of b rows and block-table width w finds each part of its step in the flat
-    int64 buffer. Padding rows (n..b) get slot -1 (the cache write skips them), context 1 and
-    block 0; their outputs are dropped."""
+    int64 buffer. Padding rows (n..b) get id 0, src -1, slot -1 (the cache write skips them),
+    context 1 and block 0; their outputs are dropped."""
 
     def __init__(self, b: int, width: int) -> None:
         self.b, self.width = b, width
-        self.seq_lens_at = 3 * b  # in int64 units; seq_lens and the table are int32
+        self.seq_lens_at = 4 * b  # in int64 units; seq_lens and the table are int32
         self.tables_at = self.seq_lens_at + (b + 1) // 2
         self.numel = self.tables_at + (b * width + 1) // 2
 
     def views(self, buffer: torch.Tensor, query_start_loc: torch.Tensor, sample_rows: torch.Tensor,
-              ctx: int) -> tuple[torch.Tensor, StepMetadata]:
+              ctx: int) -> tuple[torch.Tensor, torch.Tensor, StepMetadata]:
+        """(ids [b], src [b], metadata) as views of `buffer`."""
         b, w = self.b, self.width
         as32 = buffer.view(torch.int32)
-        meta = StepMetadata(positions=buffer[b:2 * b], slot_mapping=buffer[2 * b:3 * b],
+        meta = StepMetadata(positions=buffer[2 * b:3 * b], slot_mapping=buffer[3 * b:4 * b],
                             seq_lens=as32[2 * self.seq_lens_at:2 * self.seq_lens_at + b],
                             block_tables=as32[2 * self.tables_at:2 * self.tables_at + b * w].view(b, w),
                             query_start_loc=query_start_loc[:b + 1], sample_rows=sample_rows[:b],
                             max_query_len=1, max_seq_len=ctx)
-        return buffer[:b], meta
+        return buffer[:b], buffer[b:2 * b], meta
 
-    def fill(self, buf: np.ndarray, step: HostStep, ids: np.ndarray | None = None) -> None:
-        """Write `step` (n <= b rows) into the host array `buf` in this layout."""
+    def fill(self, buf: np.ndarray, step: HostStep, ids: np.ndarray | None = None,
+             pending: list[tuple[int, int]] | None = None) -> None:
+        """Write `step` (n <= b rows) into the host array `buf` in this layout; each (row, j) of
+        `pending` reads its id from the previous step's sampled id j instead of `ids`."""
         b, w, n = self.b, self.width, len(step.seq_lens)
         buf[:b] = 0
         if ids is not None:
             buf[:n] = ids
-        buf[b:b + n] = step.positions
-        buf[b + n:2 * b] = 0
-        buf[2 * b:2 * b + n] = step.slots
-        buf[2 * b + n:3 * b] = -1
+        write_src(buf[b:2 * b], pending)
+        buf[2 * b:2 * b + n] = step.positions
+        buf[2 * b + n:3 * b] = 0
+        buf[3 * b:3 * b + n] = step.slots
+        buf[3 * b + n:4 * b] = -1
         as32 = buf.view(np.int32)
         seq_lens = as32[2 * self.seq_lens_at:2 * self.seq_lens_at + b]
         seq_lens[:n] = step.seq_lens

@@ -4,6 +4,12 @@ The engine knows nothing about requests, queues or the network: a `StageBatch` a
 tensor (token ids on stage 0, the hidden stream elsewhere) go in; the hidden stream for the next
 stage comes out, or, on the last stage, one sampled token id per sampled chunk.
 
+On a one-stage model a step may also name pending rows, (row, j): the row's token is the previous
+step's j-th sampled id, still on the device (overlap.py). A decode graph reads it there itself
+(cuda_graphs.py); an eager step gathers it before the forward. Either way `last_sampled` is
+that previous step's ids: with graphs, a view of the graphs' `sampled` buffer, which every
+sampled step leaves holding its ids.
+
 TP: rank 0 (the driver) calls `step`, which first broadcasts the batch and its inputs to the
 followers; followers sit in `follow` and run the same `execute`. Every rank thus makes the same
 block-manager calls in the same order and the ranks' block tables agree without being sent.
@@ -15,6 +21,7 @@ import logging
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 
@@ -27,9 +34,9 @@ from shardline.parallel import TPGroup
 from shardline.sampler import sample
 from shardline.stage_worker.batch import StageBatch
 from shardline.stage_worker.block_manager import BlockManager, OutOfBlocks
-from shardline.stage_worker.cuda_graphs import CudaGraphRunner
+from shardline.stage_worker.cuda_graphs import CudaGraphRunner, resolve_ids, write_src
 from shardline.stage_worker.kv_cache import KVCache, plan_num_blocks
-from shardline.stage_worker.staging import DeferredTokens, HostStep, TokenReadback
+from shardline.stage_worker.staging import DeferredTokens, HostStep, PinnedStaging, TokenReadback
 from shardline.wire import DTYPE_NAMES, DTYPES_BY_NAME, MODEL_DTYPES
 
 CPU_DEFAULT_KV_BYTES = 256 << 20
@@ -107,6 +114,9 @@ class StageEngine:
                                       f"room with a lower --gpu-memory-fraction or --max-num-seqs, or capture "
                                       f"on first use with --lazy-graphs") from None
         self.readback = TokenReadback(config.max_num_seqs, self.device)
+        # [ids | src] of a step that gathers its pending ids before the forward (_gather_pending).
+        self.id_staging = PinnedStaging(2 * config.max_num_batched_tokens, self.device)
+        self.last_sampled: torch.Tensor | None = None  # the previous step's sampled ids, on the device
         self.num_steps = 0
         self.num_tokens = 0
         self.busy_seconds = 0.0
@@ -122,17 +132,21 @@ class StageEngine:
 
     # -- the step ---------------------------------------------------------------------------------
 
-    def step(self, batch: StageBatch, inputs: torch.Tensor,
-             defer_tokens: bool = False) -> torch.Tensor | list[int] | DeferredTokens:
+    def step(self, batch: StageBatch, inputs: torch.Tensor, defer_tokens: bool = False,
+             pending: list[tuple[int, int]] | None = None) -> torch.Tensor | list[int] | DeferredTokens:
         """Driver only: send the step to the followers, then run it here too.
 
         `defer_tokens` (last stage): return the sampled ids as DeferredTokens without waiting for
-        them, so the caller can launch the next step first (overlap.py)."""
+        them, so the caller can launch the next step first (overlap.py). `pending`: see the module
+        docstring; with TP > 1 the driver gathers those ids before it broadcasts the inputs, so
+        followers never see pending rows."""
         if self.tp.size > 1:
+            if pending:
+                inputs, pending = self._gather_pending(inputs, pending), None
             self.tp.broadcast_json({"op": "step", "stage": self.stage, "batch": batch.to_dict(),
                                     "shape": list(inputs.shape), "dtype": DTYPE_NAMES[inputs.dtype]})
             inputs = self.tp.broadcast_tensor(inputs.to(self.tp.device), tuple(inputs.shape), inputs.dtype)
-        return self.execute(batch, inputs, defer_tokens)
+        return self.execute(batch, inputs, defer_tokens, pending)
 
     def free(self, request_ids: list[str]) -> None:
         """Driver only: free sequences' KV blocks on every rank."""
@@ -142,8 +156,8 @@ class StageEngine:
             self.block_manager.free(rid)
 
     @torch.inference_mode()
-    def execute(self, batch: StageBatch, inputs: torch.Tensor,
-                defer_tokens: bool = False) -> torch.Tensor | list[int] | DeferredTokens:
+    def execute(self, batch: StageBatch, inputs: torch.Tensor, defer_tokens: bool = False,
+                pending: list[tuple[int, int]] | None = None) -> torch.Tensor | list[int] | DeferredTokens:
         """Run one step on this rank. Raises OutOfBlocks/ConfigError before touching the cache."""
         started = time.perf_counter()
         for rid in batch.free_request_ids:
@@ -151,19 +165,19 @@ class StageEngine:
         if not batch.chunks:
             return [] if self.is_last else inputs
         step = self._prepare(batch)
-        out = None
-        if self.graphs is not None and step.max_query_len == 1 and not batch.return_logits:
-            out = self.graphs.run(inputs, step)
+        ran = self.graphs.run(inputs, step, pending) if self._fits_graph(batch, step) else None
         if log.isEnabledFor(logging.DEBUG):  # SHARDLINE_LOG_LEVEL=DEBUG: one line a step
             log.debug("step %d at %.4f: %d chunks, %d tokens, longest query %d, %s", self.num_steps, started,
-                      len(batch.chunks), batch.num_tokens, step.max_query_len, "graph" if out is not None else "eager")
-        if out is None:
+                      len(batch.chunks), batch.num_tokens, step.max_query_len, "graph" if ran is not None else "eager")
+        if ran is not None:
+            out, greedy = ran
+        else:
+            if pending:
+                inputs = self._gather_pending(inputs, pending)
             meta = _to_device(step.metadata(), self.device)
-            out = self.model.forward(inputs.to(self.device), meta, self.kv_layers)
+            out, greedy = self.model.forward(inputs.to(self.device), meta, self.kv_layers), None
         if self.is_last and not batch.return_logits:
-            sampled = batch.sampled
-            positions = torch.tensor([c.start_position + c.num_tokens for c in sampled])
-            out = sample(out, [c.sampling for c in sampled], positions) if sampled else torch.empty(0, dtype=torch.int64)
+            out = self._sample(batch, out, greedy)
             out = self.readback.start(out) if defer_tokens else out.tolist()
         elif self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
@@ -171,6 +185,39 @@ class StageEngine:
         self.num_tokens += batch.num_tokens
         self.busy_seconds += time.perf_counter() - started
         return out
+
+    def _fits_graph(self, batch: StageBatch, step: HostStep) -> bool:
+        """Whether the step may replay a decode graph: one token a chunk, and on the last stage
+        every chunk sampled (a graph's row i is the step's i-th sampled row; a chunk of one prompt
+        token that is not its last samples nothing)."""
+        return (self.graphs is not None and step.max_query_len == 1 and not batch.return_logits
+                and (not self.is_last or len(step.sample_rows) == len(step.seq_lens)))
+
+    def _gather_pending(self, ids: torch.Tensor, pending: list[tuple[int, int]]) -> torch.Tensor:
+        """The step's token ids [T] on the device: the host's `ids`, each pending (row, j) taking
+        the previous step's sampled id j, as a decode graph does. [ids | src] goes up in one
+        pinned copy (no wait)."""
+        n = len(ids)
+        host = np.empty(2 * n, dtype=np.int64)
+        host[:n] = ids.numpy()
+        write_src(host[n:], pending)
+        staged = self.id_staging.to_device(host)
+        return resolve_ids(staged[:n], staged[n:], self.last_sampled)
+
+    def _sample(self, batch: StageBatch, logits: torch.Tensor, greedy: torch.Tensor | None) -> torch.Tensor:
+        """The ids drawn for the batch's sampled chunks, on the device, kept as `last_sampled`.
+        `greedy`: a decode graph's argmax of the same rows, already in the graphs' `sampled`; ids
+        drawn otherwise are copied there, where the next replay reads its pending rows."""
+        sampled = batch.sampled
+        if not sampled:
+            ids = torch.empty(0, dtype=torch.int64, device=self.device)
+        else:
+            positions = torch.tensor([c.start_position + c.num_tokens for c in sampled])
+            ids = sample(logits, [c.sampling for c in sampled], positions, greedy)
+        if self.graphs is not None and ids is not greedy:
+            ids = self.graphs.sampled[:len(ids)].copy_(ids)
+        self.last_sampled = ids
+        return ids
 
     def _prepare(self, batch: StageBatch) -> HostStep:
         """Allocate the step's KV blocks and describe the step (plain host lists)."""

@@ -3,8 +3,9 @@
 Without overlap every step is: host builds the batch -> GPU runs it -> host waits for the tokens.
 The host's share (scheduling, metadata, stop checks: ~0.3 ms at batch 1, ~3 ms at batch 256 in
 Python) then adds to every step. Here step N+1 is launched before step N's tokens are read: its
-rows whose input is a token still being sampled take it on the device from step N's output, and
-the host reads step N's tokens while the GPU runs step N+1.
+rows whose input is a token still being sampled are passed to the engine as pending, (row, j) =
+step N's j-th sampled id, which the step takes on the device (inside a decode graph, or gathered
+before an eager step: engine.py), and the host reads step N's tokens while the GPU runs step N+1.
 
 For an engine that is both first and last stage (PP = 1) with `EngineConfig.overlap_decode`;
 the scheduler must have `lookahead=1`. With PP > 1 the micro-batches in flight already keep every
@@ -16,12 +17,10 @@ memory as soon as they are sampled (a later `.tolist()` would queue behind step 
 
 from __future__ import annotations
 
-import numpy as np
-
 from shardline.stage_worker.batch import StageBatch
 from shardline.stage_worker.engine import StageEngine
 from shardline.stage_worker.scheduler import Scheduler
-from shardline.stage_worker.staging import DeferredTokens, PinnedStaging
+from shardline.stage_worker.staging import DeferredTokens
 
 
 def wants_overlap(engine: StageEngine) -> bool:
@@ -33,8 +32,6 @@ class OverlappedStepper:
         assert engine.is_first and engine.is_last, "overlap needs the whole model in one stage"
         self.engine, self.scheduler = engine, scheduler
         self._launched: tuple[StageBatch, DeferredTokens] | None = None
-        c = engine.config
-        self.staging = PinnedStaging(c.max_num_batched_tokens + 2 * c.max_num_seqs, engine.device)
 
     @property
     def has_launched(self) -> bool:
@@ -45,15 +42,10 @@ class OverlappedStepper:
         launched = None
         if batch.chunks:
             ids, pending = self.scheduler.input_ids(batch)
-            inputs = ids
-            if pending:  # ids, then the pending rows and where step N sampled them, in one copy
-                prev_batch, prev_tokens = self._launched
-                index = {c.request_id: j for j, c in enumerate(prev_batch.sampled)}
-                n, p = len(ids), len(pending)
-                staged = self.staging.to_device(np.concatenate([
-                    ids.numpy(), [r for r, _ in pending], [index[rid] for _, rid in pending]]))
-                inputs = staged[:n].index_copy_(0, staged[n:n + p], prev_tokens.ids[staged[n + p:]])
-            launched = (batch, self.engine.step(batch, inputs, defer_tokens=True))
+            if pending:  # the engine's previous step is the batch launched last
+                index = {c.request_id: j for j, c in enumerate(self._launched[0].sampled)}
+                pending = [(row, index[rid]) for row, rid in pending]
+            launched = (batch, self.engine.step(batch, ids, defer_tokens=True, pending=pending))
         done, self._launched = self._launched, launched
         if done is None:
             return None

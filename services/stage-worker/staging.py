@@ -89,17 +89,15 @@ class HostStep:
 
 @dataclass
 class DeferredTokens:
-    """A step's sampled ids: on the device at once (`ids`, which the next step's inputs gather),
-    on the host after `tolist()`, which waits for this step only."""
+    """A step's sampled ids, on their way to the host: `tolist()` waits for this step only. Only
+    the host copy is kept: the device ids may sit in a buffer that the next step overwrites."""
 
-    ids: torch.Tensor
-    host: torch.Tensor | None = None
+    host: torch.Tensor
     event: torch.cuda.Event | None = None
 
     def tolist(self) -> list[int]:
-        if self.event is None:
-            return self.ids.tolist()
-        self.event.synchronize()
+        if self.event is not None:
+            self.event.synchronize()
         return self.host.tolist()
 
 
@@ -107,7 +105,8 @@ class TokenReadback:
     """Copies each step's sampled ids to pinned host memory right after the sampler, before the
     next step is queued. A plain `ids.tolist()` made later would wait behind that next step as
     well (a device-to-host copy waits for everything queued on the stream before it), which
-    serialises overlapped decode again."""
+    serialises overlapped decode again; and it would read the ids after the next step had
+    overwritten them (cuda_graphs.py's `sampled`)."""
 
     def __init__(self, capacity: int, device: torch.device, slots: int = 4) -> None:
         self.on_gpu = device.type == "cuda"
@@ -116,12 +115,14 @@ class TokenReadback:
         self._next = 0
 
     def start(self, ids: torch.Tensor) -> DeferredTokens:
-        if not self.on_gpu or ids.numel() > self.host.shape[1]:
-            return DeferredTokens(ids)
+        if not self.on_gpu:
+            return DeferredTokens(ids.clone())  # its own copy, as on a GPU
+        if ids.numel() > self.host.shape[1]:  # more than a step samples (max_num_seqs): copy now
+            return DeferredTokens(ids.cpu())
         i = self._next
         self._next = (i + 1) % len(self.events)
         self.events[i].synchronize()  # read long ago (slots > steps in flight); never waits in practice
         host = self.host[i, :ids.numel()]
         host.copy_(ids, non_blocking=True)
         self.events[i].record()
-        return DeferredTokens(ids, host, self.events[i])
+        return DeferredTokens(host, self.events[i])

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from shardline.config import EngineConfig
 from shardline.converter import convert
 from shardline.sampling import SamplingParams
-from shardline.stage_worker.pipeline import LocalPipeline
+from shardline.stage_worker.pipeline import LocalPipeline, generate_local
 from shardline.tiny import make_tiny_hf_model
 
 PROMPTS = [[1, 5, 9], [1] + list(range(10, 40)), [2], [1, 100, 200, 300, 7, 7, 7],
@@ -100,3 +102,34 @@ def test_a_tuned_table_changes_no_token(converted, impl, monkeypatch):
     monkeypatch.setattr(quant, name, lambda *a, **kw: glu.append(kw.get("glu", False)) or real(*a, **kw))
     assert tuned.generate(PROMPTS[:4], sampling) == want
     assert any(glu) and not all(glu), "decode steps ran the table's kernel, SwiGLU fused into gate/up"
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(max_tokens=12, ignore_eos=True),
+                                      SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, seed=5,
+                                                     ignore_eos=True)], ids=["greedy", "sampled"])
+def test_pending_rows_take_the_previous_steps_ids_on_the_device(one_stage, sampling, monkeypatch):
+    """An overlapped decode row's token is still on the device when its step is launched; the
+    engine gathers it there from the previous step's sampled ids (the eager path: no graphs on the
+    CPU). With 3 sequences at a time, prompts join while others decode, so prefill chunks and
+    pending rows share steps; the tokens must be the plain loop's."""
+    plain = LocalPipeline(one_stage, config=EngineConfig(num_blocks=64, overlap_decode=False))
+    overlapped = LocalPipeline(one_stage, config=EngineConfig(num_blocks=64, overlap_decode=True, max_num_seqs=3))
+    engine = overlapped.engines[0]
+    gathered = []
+    gather = engine._gather_pending
+    monkeypatch.setattr(engine, "_gather_pending", lambda ids, pending: gathered.append(len(pending)) or
+                        gather(ids, pending))
+    assert overlapped.generate(PROMPTS, sampling) == plain.generate(PROMPTS, sampling), \
+        "a pending row read another token than the one its sequence sampled"
+    assert sum(gathered) == len(PROMPTS) * (sampling.max_tokens - 1), \
+        "every decode row of an overlapped step should have been pending"
+
+
+def test_overlapped_decode_over_two_tp_ranks_changes_no_token(tmp_path, tiny_hf):
+    """With TP = 2 the driver gathers the pending ids before it broadcasts the step's inputs, so
+    the followers run plain steps; the tokens must be those of the plain loop."""
+    convert(tiny_hf("llama"), tmp_path / "tp2", tp=2, pp=1, dtype="fp32")
+    params = [SamplingParams(max_tokens=8, temperature=0.8 * (i % 2), seed=i, ignore_eos=True) for i in range(4)]
+    config = EngineConfig(num_blocks=64, max_num_seqs=3)
+    want = generate_local(tmp_path / "tp2", PROMPTS[:4], params, dataclasses.replace(config, overlap_decode=False))
+    assert generate_local(tmp_path / "tp2", PROMPTS[:4], params, config) == want

@@ -7,6 +7,7 @@ bf16 tolerance of the fp32 reference, and greedy tokens match the unoptimised pa
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -178,3 +179,69 @@ def test_graphs_recaptured_after_reset_give_the_same_tokens(models):
     assert not runner.graphs and runner.pool is None
     assert fast.generate(PROMPTS, params) == first
     assert runner.graphs, "the steps after the reset captured their graphs again"
+
+
+@pytest.fixture(scope="module")
+def one_stage(tmp_path_factory, tiny_hf):
+    """A tiny Llama as one stage in fp32: overlapped decode, whose graphs gather their pending ids
+    and take their greedy argmax themselves."""
+    root = tmp_path_factory.mktemp("gpu-one-stage")
+    convert(tiny_hf("llama"), root / "fp32", tp=1, pp=1, dtype="fp32")
+    return root / "fp32"
+
+
+def trace_steps(engine) -> list[tuple[bool, bool]]:
+    """(replayed a graph, had pending rows) of every step `engine` runs from now on."""
+    steps = []
+    execute = engine.execute
+
+    def traced(batch, inputs, defer_tokens=False, pending=None):
+        replays = engine.graphs.num_replays
+        out = execute(batch, inputs, defer_tokens, pending)
+        steps.append((engine.graphs.num_replays > replays, bool(pending)))
+        return out
+
+    engine.execute = traced
+    return steps
+
+
+def eager_twin(config: EngineConfig) -> EngineConfig:
+    """`config` without graphs or overlap: every step eager, its tokens read before the next."""
+    return dataclasses.replace(config, use_cuda_graphs=False, overlap_decode=False)
+
+
+MIXED = [SamplingParams(max_tokens=24, temperature=0.8 * (i % 2), top_k=50 * (i % 2), seed=i, ignore_eos=True)
+         for i in range(len(PROMPTS))]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(max_tokens=24, ignore_eos=True), MIXED], ids=["greedy", "mixed"])
+def test_overlapped_graph_steps_give_the_eager_paths_tokens(one_stage, params):
+    """Each overlapped decode step is one replay: its pending rows take the previous replay's argmax
+    inside the graph (or, for rows drawn at a temperature, the drawn ids copied back into the
+    graph's buffer). The tokens must be those of eager steps read one at a time."""
+    want = LocalPipeline(one_stage, config=eager_twin(GPU)).generate(PROMPTS, params)
+    fast = LocalPipeline(one_stage, config=GPU)
+    assert fast.stepper is not None, "a one-stage model on the GPU decodes overlapped"
+    steps = trace_steps(fast.engines[0])
+    assert fast.generate(PROMPTS, params) == want, "a graph step read another id than its row's last token"
+    assert sum(graph and pending for graph, pending in steps) >= 16, "decode steps should replay graphs with pending rows"
+
+
+def test_a_prompt_joining_between_graph_steps_keeps_every_token(one_stage):
+    """Two sequences at a time: as one finishes a prompt joins, and its prefill step runs eagerly
+    between graph steps. That eager step gathers the decoding row's pending id from the last
+    replay's buffer; the replay after it reads the ids the eager step sampled (greedy and drawn).
+    Graphs are captured on first use, here with rows pending, so the capture's warm-up must leave
+    the previous step's ids in place."""
+    params = [SamplingParams(max_tokens=6 + 5 * i, temperature=0.8 * (i % 2), seed=i, ignore_eos=True)
+              for i in range(len(PROMPTS))]
+    config = dataclasses.replace(GPU, max_num_seqs=2, capture_graphs_at_start=False)
+    want = LocalPipeline(one_stage, config=eager_twin(config)).generate(PROMPTS, params)
+    fast = LocalPipeline(one_stage, config=config)
+    steps = trace_steps(fast.engines[0])
+    assert fast.generate(PROMPTS, params) == want, "a pending id crossed an eager step wrongly"
+    pairs = list(itertools.pairwise(steps))
+    assert any(before[0] and not after[0] and after[1] for before, after in pairs), \
+        "the test should run an eager step with pending rows right after a graph step"
+    assert any(not before[0] and after[0] and after[1] for before, after in pairs), \
+        "the test should replay a graph with pending rows right after an eager step"

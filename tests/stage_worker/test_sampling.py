@@ -53,3 +53,18 @@ def test_sample_greedy_and_random_rows_use_it():
     assert out[0].item() == x[0].argmax().item()
     assert 0 <= out[1].item() < 4096
     assert torch.equal(out, sample(x, params, torch.tensor([5, 5])))  # a pure function of seed, position
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["all-greedy", "mixed"])
+def test_a_precomputed_greedy_argmax_gives_what_sample_computes(mixed):
+    """A decode graph hands the sampler its argmax; the ids must be those sample() draws alone,
+    and an all-greedy batch returns that tensor itself (no sampler kernel runs)."""
+    x = torch.randn(4, 3000, generator=torch.Generator().manual_seed(2))
+    params = [SamplingParams(), SamplingParams(temperature=0.9, top_k=40, top_p=0.8, seed=5) if mixed
+              else SamplingParams(), SamplingParams(), SamplingParams(temperature=1.2, seed=9) if mixed
+              else SamplingParams()]
+    positions = torch.tensor([3, 8, 1, 4])
+    greedy = argmax_rows(x)
+    got = sample(x, params, positions, greedy=greedy)
+    assert torch.equal(got, sample(x, params, positions))
+    assert (got is greedy) == (not mixed)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from shardline.stage_worker.cuda_graphs import StepLayout
+from shardline.stage_worker.cuda_graphs import StepLayout, resolve_ids
 from shardline.stage_worker.staging import HostStep, PinnedStaging
 
 
@@ -19,10 +19,11 @@ def test_layout_round_trips_a_step_and_pads_the_rest():
     buffer = torch.full((layout.numel + 7,), 99, dtype=torch.int64)
     slot, buf = staging.slot()
     buf[:] = 12345  # stale contents of a reused slot must not leak into the step
-    layout.fill(buf, step, np.array([11, 12, 13]))
+    layout.fill(buf, step, np.array([11, 12, 0]), pending=[(2, 5)])
     staging.upload(slot, layout.numel, buffer)
-    ids, meta = layout.views(buffer, torch.arange(b + 1, dtype=torch.int32), torch.arange(b), ctx)
-    assert ids.tolist() == [11, 12, 13, 0]
+    ids, src, meta = layout.views(buffer, torch.arange(b + 1, dtype=torch.int32), torch.arange(b), ctx)
+    assert ids.tolist() == [11, 12, 0, 0]
+    assert src.tolist() == [-1, -1, 5, -1], "row 2 takes the previous step's 6th sampled id; the rest their own"
     assert meta.positions.tolist() == [5, 17, 2, 0]
     assert meta.slot_mapping.tolist() == [37, 81, 2, -1]  # padding rows write nowhere
     assert meta.seq_lens.dtype == torch.int32 and meta.seq_lens.tolist() == [6, 18, 3, 1]
@@ -35,12 +36,12 @@ def test_layout_round_trips_a_step_and_pads_the_rest():
 
 @pytest.mark.parametrize("b,width", [(1, 16), (3, 5), (256, 4096)])
 def test_a_layouts_parts_are_disjoint_and_inside_it(b, width):
-    """Every part a graph reads (ids, positions, slots, seq_lens, block table) has its own bytes,
+    """Every part a graph reads (ids, src, positions, slots, seq_lens, block table) has its own bytes,
     all within the layout's numel, so one upload of numel elements carries the whole step."""
     layout = StepLayout(b, width)
     buffer = torch.zeros(layout.numel + 64, dtype=torch.int64)
-    ids, meta = layout.views(buffer, torch.arange(b + 1, dtype=torch.int32), torch.arange(b), 16 * width)
-    parts = [ids, meta.positions, meta.slot_mapping, meta.seq_lens, meta.block_tables]
+    ids, src, meta = layout.views(buffer, torch.arange(b + 1, dtype=torch.int32), torch.arange(b), 16 * width)
+    parts = [ids, src, meta.positions, meta.slot_mapping, meta.seq_lens, meta.block_tables]
     spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in parts)
     start, end = buffer.data_ptr(), buffer.data_ptr() + layout.numel * 8
     assert spans[0][0] >= start and spans[-1][1] <= end, "a part lies outside the uploaded span"
@@ -54,3 +55,12 @@ def test_to_device_copies_values_and_grows_past_its_slot():
     assert staging.to_device(list(range(10))).tolist() == list(range(10))  # larger than a slot
     first, second = staging.to_device([7]), staging.to_device([8])
     assert first.tolist() == [7] and second.tolist() == [8]  # each call has its own result
+
+
+def test_a_graph_takes_pending_ids_from_the_previous_steps_sampled_ids():
+    """What a one-stage decode graph feeds its model: the host id where src is -1, else the id the
+    previous step sampled in row src (which may be any row of a larger previous batch)."""
+    sampled = torch.tensor([70, 71, 72, 73, 74, 75])
+    ids = torch.tensor([11, 0, 13, 0])
+    src = torch.tensor([-1, 5, -1, 0])
+    assert resolve_ids(ids, src, sampled).tolist() == [11, 75, 13, 70]

@@ -1,0 +1,81 @@
+"""What a decode graph does, run eagerly on the CPU: CudaGraphRunner's packing, its pending rows
+read from `sampled`, its greedy argmax written there, and the engine's bookkeeping around it
+(drawn ids copied back, eager steps in between). test_gpu_engine.py replays real graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardline.config import EngineConfig
+from shardline.converter import convert
+from shardline.sampling import SamplingParams
+from shardline.stage_worker.cuda_graphs import CudaGraphRunner
+from shardline.stage_worker.pipeline import LocalPipeline
+
+PROMPTS = [[1, 17, 42, 99, 7, 250, 3], [1] + list(range(5, 70)), [2, 9], [1, 100, 200] * 7, [5], [3, 3, 3, 3]]
+
+
+class ReplayedEagerly(CudaGraphRunner):
+    """A runner whose 'graph' runs the step's Python on every replay. Its graphs have exactly the
+    step's rows: the CPU reference kernels do not skip the slot -1 of padding rows."""
+
+    def buckets(self, num_seqs: int, max_seq_len: int) -> tuple[int, int] | None:
+        key = super().buckets(num_seqs, max_seq_len)
+        return key and (num_seqs, key[1])
+
+    def _capture(self, b: int, ctx: int):
+        step = self._step(b, ctx)
+        out = torch.empty(b, self.model.cfg.vocab_size)
+
+        class Replay:
+            @staticmethod
+            def replay() -> None:
+                out.copy_(step())
+
+        return Replay(), out
+
+
+@pytest.fixture(scope="module")
+def one_stage(tmp_path_factory, tiny_hf):
+    root = tmp_path_factory.mktemp("graph-steps")
+    convert(tiny_hf("llama"), root / "model", tp=1, pp=1, dtype="fp32")
+    return root / "model"
+
+
+def with_graphs(model_dir, config: EngineConfig) -> LocalPipeline:
+    pipeline = LocalPipeline(model_dir, config=config)
+    engine = pipeline.engines[0]
+    engine.graphs = ReplayedEagerly(engine.model, engine.kv_layers, config.max_num_seqs, engine.max_model_len,
+                                    config.block_size)
+    return pipeline
+
+
+GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
+MIXED = [SamplingParams(max_tokens=4 + 3 * i, temperature=0.8 * (i % 2), top_k=20 * (i % 2), seed=i,
+                        ignore_eos=True) for i in range(len(PROMPTS))]
+
+
+@pytest.mark.parametrize("params", [GREEDY, MIXED], ids=["greedy", "mixed"])
+@pytest.mark.parametrize("max_num_seqs", [3, 8], ids=["joining", "all-at-once"])
+def test_graph_steps_give_the_plain_loops_tokens(one_stage, params, max_num_seqs):
+    """Overlapped decode through the graph path: pending rows read the previous step's ids in the
+    graph, drawn ids reach the graph's buffer, and with 3 sequences at a time prompts join
+    (eager steps) between graph steps. Every token must be the plain loop's."""
+    config = EngineConfig(num_blocks=64, max_num_seqs=max_num_seqs)
+    want = LocalPipeline(one_stage, config=EngineConfig(num_blocks=64, overlap_decode=False)).generate(PROMPTS, params)
+    fast = with_graphs(one_stage, config)
+    assert fast.generate(PROMPTS, params) == want, "a graph step fed or returned the wrong ids"
+    assert fast.engines[0].graphs.num_replays >= 8, "decode steps should have taken the graph path"
+
+
+def test_a_step_with_an_unsampled_one_token_chunk_runs_eagerly(one_stage):
+    """A token budget that leaves one token for a prompt gives a step of one-token chunks whose
+    last samples nothing. A graph's row i is the step's i-th sampled row, so that step must run
+    eagerly (a graph would hand the sampler a row more than it has parameters for)."""
+    prompts = [[1, 5], [2, 6], [3, 7, 8, 9, 10]]
+    params = [SamplingParams(max_tokens=6, temperature=0.7 * (i % 2), seed=i, ignore_eos=True) for i in range(3)]
+    want = LocalPipeline(one_stage, config=EngineConfig(num_blocks=64, overlap_decode=False)).generate(prompts, params)
+    # Step 2: the first sequence's decode, the second's last prompt token, the third's first (unsampled).
+    fast = with_graphs(one_stage, EngineConfig(num_blocks=64, max_num_batched_tokens=3))
+    assert fast.generate(prompts, params) == want
