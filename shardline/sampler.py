@@ -9,10 +9,9 @@ other sequences share its batch.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from shardline.kernels.argmax import argmax_rows
 from shardline.sampling import SamplingParams
 
 _MASK32 = 0xFFFFFFFF
@@ -36,29 +35,6 @@ def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> t
     idx = torch.arange(vocab, device=device, dtype=torch.int64)
     h = _hash32(p[:, None] * 0x165667B1 + idx[None, :] + (s[:, None] << 1))  # (B, V)
     return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
-
-
-@functools.lru_cache(maxsize=None)
-def _argmax_chunks(vocab: int) -> int:
-    """Chunks of the two-pass argmax: the most that divide `vocab`, at most 256 of at least 256."""
-    for c in range(min(256, vocab // 256), 1, -1):
-        if vocab % c == 0:
-            return c
-    return 1
-
-
-def argmax_rows(x: torch.Tensor) -> torch.Tensor:
-    """x.argmax(dim=-1) of a [B, V] tensor, the first maximum on ties, in two passes: the maximum
-    of each of C chunks of a row (B x C outputs in parallel), then of the chunk maxima. On a GPU,
-    torch's one-pass argmax of a few long rows runs on a few blocks: for one 128,256-wide row it
-    took 27 us on an H200 (benchmarks/profile_decode.py), ~0.6% of a batch-1 decode step."""
-    B, V = x.shape
-    chunks = _argmax_chunks(V)
-    if chunks == 1:
-        return x.argmax(dim=-1)
-    values, within = x.reshape(B, chunks, V // chunks).max(dim=-1)  # first maximum of each chunk
-    chunk = values.argmax(dim=-1, keepdim=True)  # the first chunk holding the row's maximum
-    return (chunk * (V // chunks) + within.gather(1, chunk))[:, 0]
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], positions: torch.Tensor,

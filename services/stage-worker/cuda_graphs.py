@@ -31,8 +31,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from shardline.kernels.argmax import argmax_rows
 from shardline.model.transformer import StageModel, StepMetadata
-from shardline.sampler import argmax_rows
 from shardline.stage_worker.staging import HostStep, PinnedStaging
 
 log = logging.getLogger("shardline.stage_worker")
