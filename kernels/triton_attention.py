@@ -83,7 +83,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
-                   TABLE_TILES: tl.constexpr, USE_PDL: tl.constexpr):
+                   USE_PDL: tl.constexpr):
     """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
     sequence). The kernel rotates q and the row's new key, writes the new key and value to the
     row's cache slot (skipped when the slot is < 0) and attends over the new token from registers:
@@ -92,12 +92,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     ONE_ROW: every sequence has exactly one query row, in order (a decode step), so row r is
     sequence r and sees all its seq_len keys; no search of query_start_loc. Under PDL the program
     reads the step's metadata before its wait: the host wrote it before the step's first kernel,
-    and only q and the new token come from the kernel ahead.
-
-    TABLE_TILES > 0 (a power of two holding every tile of the longest context, tiles of whole
-    cache blocks, no context splits): the row's block ids for all its tiles are read with that
-    metadata, before the wait, so a tile's K and V loads wait for no block-table load of their own.
-    Otherwise each tile first loads its block ids (a dependent load ahead of every K/V load)."""
+    and only q and the new token come from the kernel ahead."""
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -124,14 +119,6 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     gmask = g < GROUP
     dmask = d < HEAD_DIM
     heads = kvh * GROUP + g
-    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    BLOCKS: tl.constexpr = BLOCK_N // BLOCK_SIZE  # cache blocks a tile (with TABLE_TILES)
-    tiles = tl.arange(0, TABLE_TILES if TABLE_TILES > 0 else 1)
-    blocks = tl.arange(0, BLOCKS if TABLE_TILES > 0 else 1)
-    if TABLE_TILES > 0:
-        n_blocks = tl.cdiv(kv_len, BLOCK_SIZE)
-        idx = tiles[:, None] * BLOCKS + blocks[None, :]
-        table = tl.load(bt_row + idx, mask=idx < n_blocks, other=0).to(tl.int64)  # [TABLE_TILES, BLOCKS]
     row64 = row.to(tl.int64)
     q_rows = q_ptr + row64 * stride_q_t + heads[:, None] * stride_q_h
     q_mask = gmask[:, None] & dmask[None, :]
@@ -147,22 +134,14 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_P2], tl.float32)
     acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     for n0 in range(lo, hi_cached, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi_cached
-        if TABLE_TILES > 0:
-            blk = tl.sum(tl.where(tiles[:, None] == n0 // BLOCK_N, table, 0), axis=0)  # [BLOCKS], this tile's
-            tok = tl.arange(0, BLOCK_SIZE)
-            k_base = tl.reshape(blk[:, None] * stride_k_blk + tok[None, :] * stride_k_tok, [BLOCK_N])
-            v_base = tl.reshape(blk[:, None] * stride_v_blk + tok[None, :] * stride_v_tok, [BLOCK_N])
-            kv_mask = mask_n[:, None] & dmask[None, :]
-            k = tl.load(k_cache_ptr + (k_base + kvh * stride_k_h)[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_cache_ptr + (v_base + kvh * stride_v_h)[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        else:
-            k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
-                              stride_k_blk, stride_k_tok, stride_k_h, BLOCK_SIZE)  # (N, D)
-            v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
-                              stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
+        k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
+                          stride_k_blk, stride_k_tok, stride_k_h, BLOCK_SIZE)  # (N, D)
+        v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
+                          stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2  # (G, N)
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -310,17 +289,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_p
 # --sweep --decode-shapes 64x192,64x256`, 2026-11-30: 17.4 / 22.0 us at context 192 / 256 against
 # 19.2 / 24.0), but in the engine's step three cost 0.15-0.19 ms at batch 64 and 0.06 at batch 16
 # (`decode_bench.py --attention-configs`, docs/benchmarks.md): time tiles in the step, not alone.
-DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=2, TABLE=1)
-TABLE_MAX_TILES = 16  # the block table read ahead holds at most this many tiles (1,024 tokens at 64)
-
-
-def _table_tiles(cfg: dict, block_size: int, max_ctx: int, splits: int) -> int:
-    """TABLE_TILES of the decode kernel: the block table of every tile read ahead where the config
-    asks (TABLE) and it fits (no splits, tiles of whole blocks, a short context), else 0."""
-    tiles = next_pow2(-(-max_ctx // cfg["BLOCK_N"]))
-    if not cfg.get("TABLE", 0) or splits > 1 or cfg["BLOCK_N"] % block_size or tiles > TABLE_MAX_TILES:
-        return 0
-    return tiles
+DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=2)
 
 
 def _num_splits(num_programs: int, max_ctx: int, num_sms: int, min_tokens: int = 64) -> int:
@@ -342,8 +311,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
                            max_query_len: int | None = None, max_seq_len: int | None = None,
                            decode_config: dict | None = None, prefill_config: dict | None = None,
                            num_splits: int | None = None, rotary: tuple | None = None):
-    """`decode_config`: BLOCK_N, num_warps, num_stages and TABLE (the block table read ahead,
-    where it fits) of the decode kernel (DECODE_CONFIG by default); `num_splits`: its context splits (by default `_num_splits`). `rotary`: (k, v,
+    """`decode_config`: BLOCK_N, num_warps, num_stages of the decode kernel (DECODE_CONFIG by
+    default); `num_splits`: its context splits (by default `_num_splits`). `rotary`: (k, v,
     positions, cos_sin, rotary_dim, slot_mapping) of a decode step whose q, k and v are unrotated
     and not yet cached (see _decode_kernel); it requires max_query_len == 1."""
     T, nh, hd = q.shape
@@ -379,15 +348,11 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         else:
             new_kv = (q, q, seq_lens, q, seq_lens, 0, 0, 0, 0, 0)  # unused
             rot = dict(ROTARY=False, HALF=1, ROT=2)
-        cfg = dict(decode_config or DECODE_CONFIG)
-        # The table's width bounds every row's context (max_seq_len is only a hint for the splits).
-        table_tiles = _table_tiles(cfg, block_size, block_tables.shape[1] * block_size, splits)
-        cfg.pop("TABLE", None)
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
             scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
-            NUM_SPLITS=splits, **rot, ONE_ROW=max_query_len == 1 and T == B, TABLE_TILES=table_tiles,
-            **cfg, **common, **pdl_args(q))
+            NUM_SPLITS=splits, **rot, ONE_ROW=max_query_len == 1 and T == B,
+            **(decode_config or DECODE_CONFIG), **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,

@@ -289,33 +289,3 @@ def test_rotary_decode_attention_public_name(device, rows):
                                   kw["block_tables"], kw["seq_lens"], kw["query_start_loc"], kw["scale"])
     assert_close(out, want, "rotary decode attention")
     assert_close(kw["k_cache"], want_k, "the cache after the step")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("block_n", [16, 32, 64])
-@pytest.mark.parametrize("table", [0, 1])
-def test_decode_block_table_read_ahead(device, block_n, table):
-    """TABLE: every tile's block ids read before the loop (one [tiles, blocks] load, a tile's row
-    picked in registers) give what the per-tile block-table loads give: contexts of 0, 1, a
-    partial block, a partial tile and a full table; 16-token blocks, so a 64-token tile spans
-    four of them and a 16-token tile one."""
-    from shardline.kernels.triton_attention import _table_tiles, paged_attention_triton
-    if not _dispatch.use_triton(torch.empty(0, device=device)):
-        pytest.skip("the Triton kernel itself is under test")
-    ctx = [0, 1, 15, 40, 250, 256] if device == "cuda" else [0, 1, 40, 100]
-    q, kw = make_paged_batch([(c, 1) for c in ctx], 8, 2, 64, dtype=torch.float32, device=device)
-    cfg = dict(BLOCK_N=block_n, num_warps=4, num_stages=2, TABLE=table)
-    width = kw["block_tables"].shape[1] * kw["k_cache"].shape[1]
-    assert (_table_tiles(cfg, kw["k_cache"].shape[1], width, 1) > 0) == bool(table)
-    out = paged_attention_triton(q, **kw, max_query_len=1, num_splits=1, decode_config=cfg)
-    assert_close(out, paged_attention_ref(q, **kw), f"decode, BLOCK_N={block_n}, TABLE={table}")
-
-
-def test_block_table_read_ahead_only_where_it_fits():
-    from shardline.kernels.triton_attention import _table_tiles
-    cfg = dict(BLOCK_N=64, TABLE=1)
-    assert _table_tiles(cfg, 16, 256, 1) == 4 and _table_tiles(cfg, 16, 200, 1) == 4
-    assert _table_tiles(cfg, 16, 256, 2) == 0  # context splits: per-tile loads
-    assert _table_tiles(cfg, 16, 4096, 1) == 0  # 64 tiles: too many to hold
-    assert _table_tiles(dict(cfg, BLOCK_N=8), 16, 256, 1) == 0  # a tile inside one block
-    assert _table_tiles(dict(cfg, TABLE=0), 16, 256, 1) == 0
