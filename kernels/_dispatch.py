@@ -11,6 +11,9 @@ The only place the kernels read the environment, once, at import:
                                  takes it and the FFMA and MMA forms do not (PDL made the FFMA
                                  form's batch-1 stack 14-27% slower, the bulk form's faster,
                                  docs/benchmarks.md)
+    SHARDLINE_FOLD_NORMS=0       decode steps keep their RMSNorm kernels instead of folding the norms
+                                 into the products' epilogues (model/transformer.py; the weights are
+                                 folded either way): an A/B switch
     TRITON_INTERPRET=1           Triton's own interpreter switch; with it, CPU tensors take the
                                  Triton path too (slow; lets kernel tests run without a GPU)
 
@@ -29,6 +32,7 @@ TRITON_DISABLED = os.environ.get("SHARDLINE_DISABLE_TRITON", "0") not in ("", "0
 GLUON_DISABLED = os.environ.get("SHARDLINE_DISABLE_GLUON", "0") not in ("", "0")
 TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 PDL_DISABLED = os.environ.get("SHARDLINE_PDL", "1") in ("", "0")
+FOLD_NORMS = os.environ.get("SHARDLINE_FOLD_NORMS", "1") not in ("", "0")
 GEMV_PDL_ENABLED = {"": None, "0": False}.get(os.environ.get("SHARDLINE_GEMV_PDL", ""), True)
 
 

@@ -79,3 +79,14 @@ def test_folded_decode_step_matches_the_plain_path(monkeypatch):
     with torch.inference_mode():
         before = unfolded.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
     torch.testing.assert_close(before, plain, rtol=1e-4, atol=1e-4)
+
+
+def test_the_switch_keeps_the_norm_kernels(monkeypatch):
+    """SHARDLINE_FOLD_NORMS=0 (read into _dispatch.FOLD_NORMS): the layers keep their norm kernels
+    on folded weights, for an A/B."""
+    from shardline.kernels import _dispatch
+    model, cfg = _model()
+    h = torch.randn(4, cfg.hidden_size)
+    assert model.layers[0].folds(h)
+    monkeypatch.setattr(_dispatch, "FOLD_NORMS", False)
+    assert not model.layers[0].folds(h) and model.layers[0].folded

@@ -10,13 +10,12 @@ Tokens are packed: a step's T tokens from all sequences form one [T, H] matrix.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from shardline.config import ModelConfig
-from shardline.kernels import activation, attention, norm, rotary
+from shardline.kernels import _dispatch, activation, attention, norm, rotary
 from shardline.kernels.norm import RowNorm
 from shardline.model.layers import Linear, VocabParallelEmbedding
 from shardline.parallel import TPGroup
@@ -46,11 +45,6 @@ class Norm:
         if self.is_rms:
             return norm.rms_norm(x, self.weight, self.eps, residual)
         return norm.layer_norm(x, self.weight, self.bias, self.eps, residual)
-
-
-# SHARDLINE_FOLD_NORMS=0 keeps the norm kernels at decode batches (the weights are folded still):
-# the A/B of benchmarks/decode_bench.py.
-FOLD_NORMS = os.environ.get("SHARDLINE_FOLD_NORMS", "1") != "0"
 
 
 def fold_norm_weight(w: dict[str, torch.Tensor], norm_name: str, linear_name: str) -> None:
@@ -154,7 +148,7 @@ class DecoderLayer:
         """This layer runs `_decode_folded` at h's rows: its weights hold the norms' (one rank:
         the residual adds need the whole sums, which TP's all-reduces would split) and every
         product chosen for these rows takes the fold in its epilogue."""
-        return (FOLD_NORMS and self.folded and self.tp.size == 1
+        return (_dispatch.FOLD_NORMS and self.folded and self.tp.size == 1
                 and all(lin.folds(h) for lin in (self.qkv_proj, self.o_proj, self.up_proj, self.down_proj)))
 
     def _decode_folded(self, h: torch.Tensor, residual: torch.Tensor | RowNorm | None, meta: StepMetadata,
