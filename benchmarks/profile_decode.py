@@ -8,7 +8,9 @@
 The first mode runs a decode step (context 256) eagerly under torch.profiler after warm-up and
 prints the kernels by CUDA time. The second profiles `LocalPipeline.generate` as the benchmark
 runs it (graphs on) with CPU activity too, and writes a Chrome trace: the host work between graph
-replays — the gap between measured ms/step and graph-replay ms in docs/benchmarks.md — shows there.
+replays — the gap between measured ms/step and graph-replay ms in docs/benchmarks.md — shows there;
+it also prints the critical path a step of every device activity in the decode window, the graph's
+kernels and what the host queues around each replay alike, each labelled by the one before it.
 The third replays the captured decode graph (context 192, as decode_bench's graph_replay_ms) and
 splits its wall time among the kernels on the critical path: with programmatic dependent launch a
 kernel starts before the one ahead of it ends and waits, so its own duration overstates what it
