@@ -123,6 +123,56 @@ def table_paths(text: str) -> list[str]:
     return paths
 
 
+def env_variants(text: str) -> list[dict[str, str]]:
+    """--env-variants' value: environments separated by ';', each NAME=VALUE pairs separated by
+    ',' (e.g. 'SHARDLINE_FOLD_NORMS=1;SHARDLINE_FOLD_NORMS=0'); at least two."""
+    variants = []
+    for part in text.split(";"):
+        pairs = [kv.split("=", 1) for kv in part.split(",") if kv]
+        if not pairs or any(len(kv) != 2 or not kv[0] for kv in pairs):
+            variants = []
+            break
+        variants.append(dict(pairs))
+    if len(variants) < 2:
+        raise argparse.ArgumentTypeError("expected two or more environments separated by ';', each NAME=VALUE "
+                                         f"pairs separated by ',', e.g. 'SHARDLINE_FOLD_NORMS=1;SHARDLINE_FOLD_NORMS=0'; "
+                                         f"got {text!r}")
+    return variants
+
+
+def without_option(argv: list[str], name: str) -> list[str]:
+    """argv less `name` and its value (as `name value` or `name=value`)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == name:
+            skip = True
+        elif not a.startswith(name + "="):
+            out.append(a)
+    return out
+
+
+def run_env_variants(variants: list[dict[str, str]], rounds: int, argv: list[str]) -> None:
+    """The same run (argv, less the A/B options) in a fresh process under each environment in
+    turn, `rounds` times: an A/B of what only the environment switches (the kernels' switches in
+    kernels/_dispatch.py are read once, at import). Prints every run's rows, then each batch's
+    ms/step under each environment."""
+    child = [sys.executable, str(Path(__file__).resolve())] + without_option(without_option(argv, "--env-variants"),
+                                                                             "--env-rounds")
+    times: dict[tuple[int, str], list[float]] = {}
+    for _ in range(rounds):
+        for env in variants:
+            tag = ",".join(f"{k}={v}" for k, v in env.items())
+            for row in run_json_lines(child, env=env, timeout=900):
+                if "batch" in row and "decode_ms_per_step" in row:
+                    times.setdefault((row["batch"], tag), []).append(row["decode_ms_per_step"])
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    print(f"\n{gpu}  {datetime.date.today().isoformat()}\n$ {' '.join(sys.argv)}")
+    for (batch, tag), ms in sorted(times.items()):
+        print(f"batch {batch:>4}  {tag:<40} ms/step {' / '.join(f'{t:.3f}' for t in ms)}  mean {sum(ms) / len(ms):.3f}")
+
+
 def run_json_lines(cmd: list[str], env: dict | None = None, timeout: int = 600) -> list[dict]:
     """A peer's JSON lines; a peer that fails or runs past `timeout` gives what it printed so far."""
     try:
@@ -157,8 +207,20 @@ def main() -> None:
     ap.add_argument("--gemm-configs", type=table_paths,
                     help="A/B `tune-gemm` tables, comma separated: each batch is timed under each in turn, twice "
                          "(graphs recaptured each time); the first is also --gemm-config's if that is not given")
+    ap.add_argument("--env-variants", type=env_variants,
+                    help="A/B environments, e.g. 'SHARDLINE_FOLD_NORMS=1;SHARDLINE_FOLD_NORMS=0': the whole run in a "
+                         "fresh process under each in turn, --env-rounds times (switches read at import)")
+    ap.add_argument("--env-rounds", type=int, default=2)
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.env_variants:
+        if args.gemm_configs or args.attention_configs or args.peers or args.out:
+            ap.error("--env-variants runs the whole benchmark once per environment: pass no --gemm-configs, "
+                     "--attention-configs, --peers or --out with it")
+        if args.env_rounds < 1:
+            ap.error(f"--env-rounds must be >= 1, got {args.env_rounds}")
+        run_env_variants(args.env_variants, args.env_rounds, sys.argv[1:])
+        return
     if args.gemm_configs and args.attention_configs:
         ap.error("--gemm-configs and --attention-configs each A/B the whole run: pass one of them")
     tiles = {"BLOCK_N", "num_warps", "num_stages"}

@@ -32,3 +32,35 @@ def test_gemm_configs_takes_existing_tables_and_names_the_missing(tmp_path):
         table_paths(f"{a},{tmp_path / 'c.json'}")
     with pytest.raises(argparse.ArgumentTypeError, match="got none"):
         table_paths(",")
+
+
+def test_env_variants_parse_and_name_the_form_on_bad_input():
+    from benchmarks.decode_bench import env_variants, without_option
+    assert env_variants("SHARDLINE_FOLD_NORMS=1;SHARDLINE_FOLD_NORMS=0") == [{"SHARDLINE_FOLD_NORMS": "1"},
+                                                                              {"SHARDLINE_FOLD_NORMS": "0"}]
+    assert env_variants("A=1,B=x=y;A=0") == [{"A": "1", "B": "x=y"}, {"A": "0"}]
+    for bad in ("A=1", "A=1;", "A=1;B", "=1;A=0", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="two or more environments"):
+            env_variants(bad)
+    argv = ["--batches", "64", "--env-variants", "A=1;A=0", "--env-rounds=3", "--skip", "int8"]
+    assert without_option(without_option(argv, "--env-variants"), "--env-rounds") == ["--batches", "64", "--skip", "int8"]
+
+
+def test_env_variants_alternate_fresh_runs_and_summarise_each_batch(monkeypatch, capsys):
+    """The A/B's orchestration, its child process replaced by a fake that records the environment
+    and returns rows as decode_bench prints them."""
+    from benchmarks import decode_bench
+    calls = []
+
+    def fake_child(cmd, env=None, timeout=600):
+        calls.append((cmd[2:], env))
+        ms = 4.8 if env["SHARDLINE_FOLD_NORMS"] == "1" else 4.9
+        return [{"batch": 64, "decode_ms_per_step": ms + 0.01 * len(calls)}, {"gpu": "x", "shardline": []}]
+    monkeypatch.setattr(decode_bench, "run_json_lines", fake_child)
+    decode_bench.run_env_variants([{"SHARDLINE_FOLD_NORMS": "1"}, {"SHARDLINE_FOLD_NORMS": "0"}], 2,
+                                  ["--batches", "64", "--env-variants", "x", "--env-rounds", "2"])
+    assert [env["SHARDLINE_FOLD_NORMS"] for _, env in calls] == ["1", "0", "1", "0"]
+    assert all(args == ["--batches", "64"] for args, _ in calls)
+    out = capsys.readouterr().out
+    assert "SHARDLINE_FOLD_NORMS=1" in out and "4.810 / 4.830  mean 4.820" in out
+    assert "SHARDLINE_FOLD_NORMS=0" in out and "4.920 / 4.940  mean 4.930" in out
