@@ -64,3 +64,12 @@ def test_env_variants_alternate_fresh_runs_and_summarise_each_batch(monkeypatch,
     out = capsys.readouterr().out
     assert "SHARDLINE_FOLD_NORMS=1" in out and "4.810 / 4.830  mean 4.820" in out
     assert "SHARDLINE_FOLD_NORMS=0" in out and "4.920 / 4.940  mean 4.930" in out
+
+
+def test_resident_programs_take_the_least_of_registers_shared_memory_and_slots():
+    pytest.importorskip("triton", reason="benchmarks/attention_resources.py compiles with Triton")
+    from benchmarks.attention_resources import resident
+    assert resident(38 * 1024, 123, 4) == 4  # 128 registers a thread: 4 x 16K of the 64K
+    assert resident(38 * 1024, 165, 4) == 3  # 168 a thread: registers hold three
+    assert resident(100 * 1024, 64, 4) == 2  # shared memory holds two
+    assert resident(0, 16, 1) == 32  # block slots

@@ -1,0 +1,77 @@
+"""What one program of the decode attention kernel holds, compiled for sm_90 on any machine (no
+GPU): shared memory, registers a thread and spills, and so how many programs a multiprocessor
+keeps resident, for each pipeline depth.
+
+    python -m benchmarks.attention_resources [--stages 1,2,3] [--block-n 64] [--warps 4]
+
+The engine's batch-64 decode step launches 512 programs (64 rows x 8 kv heads) and wants them in
+one wave of 132 x 4; and with programmatic dependent launch the o projection's programs, launched
+early, need shared memory beside attention's to start streaming their weights. The shapes are
+Llama-3-8B's (head_dim 128, 4 query heads a kv head, 16-token blocks, rotary fused, bf16), and the
+integer arguments are specialised as a real launch does (divisible by 16), which decides the
+vector width of every load.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from benchmarks.arguments import depths
+from benchmarks.gemv_registers import _ptxas
+from shardline.kernels.triton_attention import _decode_kernel
+
+SM_REGISTERS, SM_SHARED, SM_PROGRAMS = 65536, 227 * 1024, 32  # Hopper, per multiprocessor
+
+
+def compile_decode(stages: int, block_n: int, warps: int):
+    """The decode kernel as the engine launches it at batch <= 64 (one query row a sequence, no
+    context splits), for sm_90."""
+    fn = _decode_kernel
+    order = list(fn.arg_names)
+    sig = {n: "*bf16" for n in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "k_new_ptr", "v_new_ptr")}
+    sig |= {"cos_sin_ptr": "*fp32", "bt_ptr": "*i32", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32",
+            "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64",
+            "scale_log2": "fp32", "num_seqs": "i32", "num_heads": "i32"}
+    sig |= {n: "i32" for n in order if n.startswith("stride")}
+    constexprs = dict(GROUP=4, GROUP_P2=16, HEAD_DIM=128, HEAD_DIM_P2=128, BLOCK_SIZE=16, BLOCK_N=block_n,
+                      NUM_SPLITS=1, SEQS_P2=64, DOT_PRECISION="tf32", ROTARY=True, HALF=64, ROT=128, ONE_ROW=True,
+                      USE_PDL=True)
+    sig |= {k: "constexpr" for k in constexprs}
+    aligned = [n for n in order if sig[n].startswith("*") or n.startswith("stride")]
+    src = ASTSource(fn=fn, signature={n: sig[n] for n in order},
+                    constexprs={(order.index(k),): v for k, v in constexprs.items()},
+                    attrs={(order.index(n),): [["tt.divisibility", 16]] for n in aligned})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+
+
+def resident(shared: int, regs: int, warps: int) -> int:
+    """Programs a multiprocessor holds at once: the least of what its registers (allocated per
+    warp in units of 8 a thread), its shared memory and its block slots allow."""
+    per_warp = -(-regs // 8) * 8 * 32
+    by_regs = SM_REGISTERS // (per_warp * warps)
+    by_shared = SM_SHARED // shared if shared else SM_PROGRAMS
+    return min(by_regs, by_shared, SM_PROGRAMS)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stages", type=depths, default=[1, 2, 3])
+    ap.add_argument("--block-n", type=int, default=64)
+    ap.add_argument("--warps", type=int, default=4)
+    args = ap.parse_args()
+    print(f"decode attention, Llama-3-8B shapes, BLOCK_N {args.block_n}, {args.warps} warps, sm_90")
+    print(f"{'stages':>6} {'shared KB':>9} {'regs':>5} {'spill B':>7} {'programs/SM':>11} {'shared left KB':>14}")
+    for stages in args.stages:
+        kernel = compile_decode(stages, args.block_n, args.warps)
+        regs, spills = _ptxas(kernel.asm["ptx"])
+        shared = kernel.metadata.shared
+        n = resident(shared, regs, args.warps)
+        print(f"{stages:>6} {shared / 1024:>9.1f} {regs:>5} {spills:>7} {n:>11} {(SM_SHARED - n * shared) / 1024:>14.1f}")
+
+
+if __name__ == "__main__":
+    main()
