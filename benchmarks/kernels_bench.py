@@ -397,9 +397,9 @@ def bench_int8(sweep: bool) -> None:
 
 
 def bench_sampling() -> None:
-    """Greedy sampling's argmax over Llama-3's fp32 logits: torch's one pass, the two-pass torch
-    reference and the Triton kernel (shardline.kernels.argmax)."""
-    from shardline.kernels.argmax import argmax_rows, argmax_rows_ref
+    """Greedy sampling's argmax over Llama-3's fp32 logits: torch's against the Triton kernel
+    (shardline.kernels.argmax)."""
+    from shardline.kernels.argmax import argmax_rows
     vocab = 128256
     for B in (1, 16, 64):
         def make(fn):
@@ -407,8 +407,7 @@ def bench_sampling() -> None:
                 x = torch.randn(B, vocab, device="cuda")
                 return lambda: fn(x)
             return build
-        for impl, fn in (("torch argmax", lambda x: x.argmax(dim=-1)), ("two-pass reference", argmax_rows_ref),
-                         ("triton", argmax_rows)):
+        for impl, fn in (("torch argmax", lambda x: x.argmax(dim=-1)), ("triton", argmax_rows)):
             bench("greedy argmax", f"B={B} V={vocab} fp32", impl, make(fn), B * vocab * 4)
 
 
