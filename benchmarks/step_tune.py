@@ -54,6 +54,9 @@ def main() -> None:
     ap.add_argument("--gemm-config", required=True, help="the table to start from (tune-gemm's)")
     ap.add_argument("--linears", default=",".join(step_tuning.LINEARS))
     ap.add_argument("--attention", action="store_true", help="then time ATTENTION_VARIANTS in the step")
+    ap.add_argument("--attention-config", type=json.loads, default={},
+                    help='the decode attention tile the whole refinement runs under, e.g. \'{"num_stages": 1}\' '
+                         "(keys BLOCK_N, num_warps, num_stages, PREFETCH; the kernel's DECODE_CONFIG by default)")
     ap.add_argument("--impls", help="only candidates of these implementations, comma-separated "
                     "(default, cublas, triton, ring, gemv), besides each linear's current choice")
     ap.add_argument("--rounds", type=int, default=2)
@@ -75,6 +78,10 @@ def main() -> None:
     problem = step_tuning.settings_error(args.rounds, args.margin)
     if problem:
         ap.error(f"--rounds / --margin: {problem}")
+    if not (isinstance(args.attention_config, dict)
+            and set(args.attention_config) <= {"BLOCK_N", "num_warps", "num_stages", "PREFETCH"}):
+        ap.error(f"--attention-config takes a JSON object with keys from BLOCK_N, num_warps, num_stages, PREFETCH, "
+                 f"e.g. '{{\"num_stages\": 1}}'; got {args.attention_config!r}")
     if not torch.cuda.is_available():
         ap.error("step_tune times the captured decode step on a CUDA GPU; none is visible")
     start = GemmTable.load(args.gemm_config, torch.device("cuda"))
@@ -84,6 +91,9 @@ def main() -> None:
     pipeline = decode_bench.build(args.shape, quantization=f"{args.quant}-weight-only" if args.quant else "none",
                                   max_num_seqs=max(args.batch, 16))
     engine = pipeline.engines[0]
+    if args.attention_config:
+        from shardline.kernels import triton_attention
+        triton_attention.DECODE_CONFIG = dict(triton_attention.DECODE_CONFIG, **args.attention_config)
     b = args.batch
     table = step_tuning.refine(engine, start, [b], cfg, torch.bfloat16, linears, rounds=args.rounds,
                                margin=args.margin, impls=impls)

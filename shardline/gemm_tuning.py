@@ -77,7 +77,7 @@ RING_CONFIGS += [dict(RING_CONFIGS[0], EARLY=0)]
 # every program streams the same bytes, where the tiles leave a partial last wave. A tile that
 # cannot fit a shape (shared memory, wgmma's 256 rows) is a ValueError, and no candidate there.
 RING_CONFIGS += [dict(SUB=sub, BLOCK_K=bk, STAGES=st, WAVES=wv) for sub, bk, st, wv in (
-    (16, 64, 5, 1), (16, 64, 4, 1), (16, 128, 6, 1), (16, 128, 4, 1), (32, 64, 5, 1), (8, 128, 6, 1),
+    (16, 64, 5, 1), (16, 64, 4, 1), (16, 128, 6, 1), (16, 128, 5, 1), (16, 128, 4, 1), (32, 64, 5, 1), (8, 128, 6, 1),
     (16, 64, 3, 2), (16, 64, 3, 4))]
 
 
