@@ -27,7 +27,7 @@ from shardline.kernels.triton_attention import _decode_kernel
 SM_REGISTERS, SM_SHARED, SM_PROGRAMS = 65536, 227 * 1024, 32  # Hopper, per multiprocessor
 
 
-def compile_decode(stages: int, block_n: int, warps: int, prefetch: int = 0):
+def compile_decode(stages: int, block_n: int, warps: int):
     """The decode kernel as the engine launches it at batch <= 64 (one query row a sequence, no
     context splits), for sm_90."""
     fn = _decode_kernel
@@ -39,7 +39,7 @@ def compile_decode(stages: int, block_n: int, warps: int, prefetch: int = 0):
     sig |= {n: "i32" for n in order if n.startswith("stride")}
     constexprs = dict(GROUP=4, GROUP_P2=16, HEAD_DIM=128, HEAD_DIM_P2=128, BLOCK_SIZE=16, BLOCK_N=block_n,
                       NUM_SPLITS=1, SEQS_P2=64, DOT_PRECISION="tf32", ROTARY=True, HALF=64, ROT=128, ONE_ROW=True,
-                      PREFETCH=prefetch, LINE=64, LINES_P2=2, USE_PDL=True)
+                      USE_PDL=True)
     sig |= {k: "constexpr" for k in constexprs}
     aligned = [n for n in order if sig[n].startswith("*") or n.startswith("stride")]
     src = ASTSource(fn=fn, signature={n: sig[n] for n in order},
@@ -62,17 +62,14 @@ def main() -> None:
     ap.add_argument("--stages", type=depths, default=[1, 2, 3])
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--warps", type=int, default=4)
-    ap.add_argument("--prefetch", type=int, default=0, help="tiles of K and V asked of L2 before the PDL wait")
     args = ap.parse_args()
-    if min(args.stages) < 1 or args.block_n < 16 or args.block_n & (args.block_n - 1) or args.warps not in (1, 2, 4, 8) \
-            or args.prefetch < 0:
-        ap.error(f"--stages {args.stages}, --block-n {args.block_n}, --warps {args.warps}, --prefetch {args.prefetch}: "
-                 "stages >= 1, BLOCK_N a power of two >= 16 (the kernel's dot), warps one of 1, 2, 4, 8, prefetch >= 0")
-    print(f"decode attention, Llama-3-8B shapes, BLOCK_N {args.block_n}, {args.warps} warps, "
-          f"{args.prefetch} tiles prefetched, sm_90")
+    if min(args.stages) < 1 or args.block_n < 16 or args.block_n & (args.block_n - 1) or args.warps not in (1, 2, 4, 8):
+        ap.error(f"--stages {args.stages}, --block-n {args.block_n}, --warps {args.warps}: stages >= 1, BLOCK_N a "
+                 "power of two >= 16 (the kernel's dot), warps one of 1, 2, 4, 8")
+    print(f"decode attention, Llama-3-8B shapes, BLOCK_N {args.block_n}, {args.warps} warps, sm_90")
     print(f"{'stages':>6} {'shared KB':>9} {'regs':>5} {'spill B':>7} {'programs/SM':>11} {'shared left KB':>14}")
     for stages in args.stages:
-        kernel = compile_decode(stages, args.block_n, args.warps, args.prefetch)
+        kernel = compile_decode(stages, args.block_n, args.warps)
         regs, spills = _ptxas(kernel.asm["ptx"])
         shared = kernel.metadata.shared
         n = resident(shared, regs, args.warps)

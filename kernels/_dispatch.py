@@ -14,9 +14,6 @@ The only place the kernels read the environment, once, at import:
     SHARDLINE_FOLD_NORMS=0       decode steps keep their RMSNorm kernels instead of folding the norms
                                  into the products' epilogues (model/transformer.py; the weights are
                                  folded either way): an A/B switch
-    SHARDLINE_PREFETCH_NEXT=N    the split-K kernel's programs, as they finish their loop, ask L2 for
-                                 the first N weight tiles of the product that runs next in the decode
-                                 step (model/layers.py `Linear.next`; 0, the default, asks for none)
     TRITON_INTERPRET=1           Triton's own interpreter switch; with it, CPU tensors take the
                                  Triton path too (slow; lets kernel tests run without a GPU)
 
@@ -36,9 +33,6 @@ GLUON_DISABLED = os.environ.get("SHARDLINE_DISABLE_GLUON", "0") not in ("", "0")
 TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 PDL_DISABLED = os.environ.get("SHARDLINE_PDL", "1") in ("", "0")
 FOLD_NORMS = os.environ.get("SHARDLINE_FOLD_NORMS", "1") not in ("", "0")
-PREFETCH_NEXT = int(os.environ.get("SHARDLINE_PREFETCH_NEXT", "0") or 0)
-if PREFETCH_NEXT < 0:
-    raise ValueError(f"SHARDLINE_PREFETCH_NEXT={PREFETCH_NEXT}: the weight tiles to prefetch, 0 or more")
 GEMV_PDL_ENABLED = {"": None, "0": False}.get(os.environ.get("SHARDLINE_GEMV_PDL", ""), True)
 
 

@@ -8,8 +8,6 @@ only in how a weight byte widens to a float.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ._dispatch import sm_count, use_triton
@@ -113,24 +111,10 @@ def quantized_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor,
     return quantized_linear_ref(x, w_q, scale, bias)
 
 
-@dataclass(frozen=True)
-class NextWeights:
-    """The product that runs after this one in a decode step, as its kernel reads its weight: row
-    tiles of `block_n` rows (of each half, under `glu`), `block_k` columns a tile, K in `split_k`
-    splits, the grid's row tiles first (the split-K and tiled ring kernels). The split-K kernel's
-    programs ask L2 for `tiles` of its tiles as they finish (triton_quant.prefetch_next)."""
-    weight: torch.Tensor
-    block_n: int
-    block_k: int
-    split_k: int
-    glu: bool
-    tiles: int
-
-
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
                    bias: torch.Tensor | None, config: dict, glu: bool = False,
                    out_dtype: torch.dtype | None = None, norm: RowNorm | None = None,
-                   residual: torch.Tensor | None = None, next_weights: NextWeights | None = None):
+                   residual: torch.Tensor | None = None):
     """The split-K small-M kernel with a tuned `config` (shardline tune-gemm), for int8 or fp8
     (with scale) or x-dtype weights; the plain product where Triton does not run. With `glu`,
     W is the fused [gate; up] projection and the result silu(gate) * up. `out_dtype` (not with
@@ -140,13 +124,12 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
     The fold (Llama's decode at batch > 1, model/transformer.py): `norm` scales x's rows by
     1 / rms in the epilogue (the RMSNorm before this product, its weight folded into W);
     `residual` adds the stream to the product there and returns (the stream's next value, its
-    partial sums of squares), the next product's `norm`. `next_weights`: what the kernel's
-    programs ask L2 for as they finish (a hint: no result depends on it)."""
+    partial sums of squares), the next product's `norm`."""
     _check_glu(weight, glu, out_dtype)
     _check_fold(glu, out_dtype, residual)
     if use_triton(x):
         from .triton_quant import small_m_linear_triton
-        return small_m_linear_triton(x, weight, scale, bias, config, glu, out_dtype, norm, residual, next_weights)
+        return small_m_linear_triton(x, weight, scale, bias, config, glu, out_dtype, norm, residual)
     return _reference(x, weight, scale, bias, glu, out_dtype, norm, residual)
 
 

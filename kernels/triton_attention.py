@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import next_pow2, pdl_args, sm_count
-from .triton_pdl import pdl_wait, prefetch_l2
+from .triton_pdl import pdl_wait
 from .triton_rotary import load_rotated
 
 _LOG2E = 1.4426950408889634
@@ -73,20 +73,6 @@ def _load_kv_tile(cache_ptr, bt_row_ptr, offs_n, mask_n, dims, dmask, kvh,
 
 
 @triton.jit
-def _prefetch_kv(cache_ptr, bt_row_ptr, lo, hi, kvh, stride_blk, stride_tok, stride_h, HEAD_DIM: tl.constexpr,
-                 BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr, LINE: tl.constexpr,
-                 LINES_P2: tl.constexpr):
-    """Ask L2 for the first TILES tiles of keys [lo, hi) of one kv head: one prefetch a 128-byte
-    line (LINE elements); positions past hi repeat the last one."""
-    lines = tl.minimum(tl.arange(0, LINES_P2) * LINE, HEAD_DIM - 1)
-    for t in tl.static_range(TILES):
-        offs_n = tl.minimum(lo + t * BLOCK_N + tl.arange(0, BLOCK_N), hi - 1)
-        blk = tl.load(bt_row_ptr + offs_n // BLOCK_SIZE).to(tl.int64)
-        base = blk * stride_blk + (offs_n % BLOCK_SIZE) * stride_tok + kvh * stride_h
-        prefetch_l2(cache_ptr + base[:, None] + lines[None, :])
-
-
-@triton.jit
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
                    part_out_ptr, part_lse_ptr, scale_log2, num_seqs, num_heads,
                    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
@@ -97,7 +83,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
-                   PREFETCH: tl.constexpr, LINE: tl.constexpr, LINES_P2: tl.constexpr, USE_PDL: tl.constexpr):
+                   USE_PDL: tl.constexpr):
     """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
     sequence). The kernel rotates q and the row's new key, writes the new key and value to the
     row's cache slot (skipped when the slot is < 0) and attends over the new token from registers:
@@ -106,10 +92,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     ONE_ROW: every sequence has exactly one query row, in order (a decode step), so row r is
     sequence r and sees all its seq_len keys; no search of query_start_loc. Under PDL the program
     reads the step's metadata before its wait: the host wrote it before the step's first kernel,
-    and only q and the new token come from the kernel ahead.
-
-    PREFETCH: before that wait, ask L2 for the first PREFETCH tiles of cached keys and values (no
-    kernel of this step writes them), while the kernel ahead (qkv) still streams its weights."""
+    and only q and the new token come from the kernel ahead."""
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -141,14 +124,6 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     q_mask = gmask[:, None] & dmask[None, :]
     if ROTARY:
         cs_row = cos_sin_ptr + tl.load(pos_ptr + row).to(tl.int64) * stride_cs
-    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    if PREFETCH > 0:
-        cached_end = tl.minimum(hi, kv_len - 1) if ROTARY else hi
-        if cached_end > lo:
-            _prefetch_kv(k_cache_ptr, bt_row, lo, cached_end, kvh, stride_k_blk, stride_k_tok, stride_k_h,
-                         HEAD_DIM, BLOCK_SIZE, BLOCK_N, PREFETCH, LINE, LINES_P2)
-            _prefetch_kv(v_cache_ptr, bt_row, lo, cached_end, kvh, stride_v_blk, stride_v_tok, stride_v_h,
-                         HEAD_DIM, BLOCK_SIZE, BLOCK_N, PREFETCH, LINE, LINES_P2)
     pdl_wait(USE_PDL)
     if ROTARY:
         q = load_rotated(q_rows, d[None, :], q_mask, cs_row, HALF, ROT)  # (G, D)
@@ -159,6 +134,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_P2], tl.float32)
     acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     for n0 in range(lo, hi_cached, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi_cached
@@ -313,7 +289,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_p
 # --sweep --decode-shapes 64x192,64x256`, 2026-11-30: 17.4 / 22.0 us at context 192 / 256 against
 # 19.2 / 24.0), but in the engine's step three cost 0.15-0.19 ms at batch 64 and 0.06 at batch 16
 # (`decode_bench.py --attention-configs`, docs/benchmarks.md): time tiles in the step, not alone.
-DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=2, PREFETCH=0)
+DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=2)
 
 
 def _num_splits(num_programs: int, max_ctx: int, num_sms: int, min_tokens: int = 64) -> int:
@@ -335,8 +311,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
                            max_query_len: int | None = None, max_seq_len: int | None = None,
                            decode_config: dict | None = None, prefill_config: dict | None = None,
                            num_splits: int | None = None, rotary: tuple | None = None):
-    """`decode_config`: BLOCK_N, num_warps, num_stages, PREFETCH of the decode kernel, over
-    DECODE_CONFIG's; `num_splits`: its context splits (by default `_num_splits`). `rotary`: (k, v,
+    """`decode_config`: BLOCK_N, num_warps, num_stages of the decode kernel (DECODE_CONFIG by
+    default); `num_splits`: its context splits (by default `_num_splits`). `rotary`: (k, v,
     positions, cos_sin, rotary_dim, slot_mapping) of a decode step whose q, k and v are unrotated
     and not yet cached (see _decode_kernel); it requires max_query_len == 1."""
     T, nh, hd = q.shape
@@ -358,7 +334,6 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         max_ctx = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
         splits = num_splits or _num_splits(T * nkv, max_ctx, sm_count(q))
         hd_p2 = common["HEAD_DIM_P2"]
-        line = 128 // k_cache.element_size()  # elements a 128-byte line (the L2 prefetch's unit)
         if splits > 1:
             part_out = torch.empty((T, nh, splits, hd_p2), dtype=torch.float32, device=q.device)
             part_lse = torch.empty((T, nh, splits), dtype=torch.float32, device=q.device)
@@ -376,8 +351,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
             scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
-            NUM_SPLITS=splits, **rot, ONE_ROW=max_query_len == 1 and T == B, LINE=line, LINES_P2=next_pow2(-(-hd // line)),
-            **dict(DECODE_CONFIG, **(decode_config or {})), **common, **pdl_args(q))
+            NUM_SPLITS=splits, **rot, ONE_ROW=max_query_len == 1 and T == B,
+            **(decode_config or DECODE_CONFIG), **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,

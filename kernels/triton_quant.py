@@ -64,24 +64,6 @@ def prefetch_tile(w_ptr, rows, col0, K, up_rows, BLOCK_K: tl.constexpr, LINE: tl
 
 
 @triton.jit
-def prefetch_next(nx_ptr, nx_n, nx_k, nx_stride, nx_tiles_n, nx_k_per_split, nx_programs, NEXT_TILES: tl.constexpr,
-                  NEXT_BN: tl.constexpr, NEXT_BK: tl.constexpr, NEXT_LINE: tl.constexpr, NEXT_GLU: tl.constexpr):
-    """Ask L2 for the first NEXT_TILES weight tiles of one program of the next product (a grid of
-    nx_tiles_n row tiles of NEXT_BN rows by K splits of nx_k_per_split columns, row tiles first):
-    this grid's last program takes the next grid's first, and so on, so that the programs that
-    finish last request what the next kernel reads first, while this kernel drains."""
-    p = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
-    j = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2) - 1 - p
-    if j < nx_programs:
-        k_lo = (j // nx_tiles_n) * nx_k_per_split
-        k_last = tl.minimum(k_lo + nx_k_per_split, nx_k) - 1
-        rows = tl.minimum((j % nx_tiles_n) * NEXT_BN + tl.arange(0, NEXT_BN), nx_n - 1).to(tl.int64) * nx_stride
-        for i in tl.static_range(NEXT_TILES):
-            prefetch_tile(nx_ptr, rows, tl.minimum(k_lo + i * NEXT_BK, k_last), nx_k, nx_n * nx_stride, NEXT_BK,
-                          NEXT_LINE, NEXT_GLU)
-
-
-@triton.jit
 def multiply_tiles(x, w, u, acc, acc_up, FP8: tl.constexpr, GLU: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """acc += x @ w.T (and acc_up += x @ u.T with GLU), the weights widened to x's dtype; fp8
     weights arrive as their bytes (a masked load cannot fill fp8 with a zero)."""
@@ -102,9 +84,7 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, AHEAD: tl.constexpr, LINE: tl.constexpr,
                         TMA: tl.constexpr, ROW_NORM: tl.constexpr, PARTS_P2: tl.constexpr,
-                        RESIDUAL: tl.constexpr, nx_ptr, nx_n, nx_k, nx_stride, nx_tiles_n, nx_k_per_split,
-                        nx_programs, NEXT_TILES: tl.constexpr, NEXT_BN: tl.constexpr, NEXT_BK: tl.constexpr,
-                        NEXT_LINE: tl.constexpr, NEXT_GLU: tl.constexpr, USE_PDL: tl.constexpr):
+                        RESIDUAL: tl.constexpr, USE_PDL: tl.constexpr):
     """GLU: w is the fused [gate; up] projection [2N, K]; the program's tile is BLOCK_N gate rows
     and the BLOCK_N up rows N below them, and it writes silu(gate) * up [M, N]. TMA: the loop's
     tiles come through x_desc and w_desc (tensor descriptors: the copy engine fetches them into
@@ -115,11 +95,7 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
     ROW_NORM: x is a stream whose rows an RMSNorm (weight folded into w) would scale: the
     epilogue multiplies each row by 1 / rms from the partial sums of squares [ss_parts, M] at
     ss_in_ptr (read right after the PDL wait). RESIDUAL: the output is the stream's next value,
-    res + this product, with this tile's partial sums of squares at ss_out_ptr [N tiles, M].
-
-    NEXT_TILES > 0: after its loop, the program asks L2 for weight tiles of the product that runs
-    next (`prefetch_next`, quant.NextWeights), whose early programs would otherwise request them
-    only once this kernel has finished."""
+    res + this product, with this tile's partial sums of squares at ss_out_ptr [N tiles, M]."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -164,9 +140,6 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
         acc, acc_up = multiply_tiles(x, w, u, acc, acc_up, FP8, GLU, DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if NEXT_TILES > 0:
-        prefetch_next(nx_ptr, nx_n, nx_k, nx_stride, nx_tiles_n, nx_k_per_split, nx_programs, NEXT_TILES, NEXT_BN,
-                      NEXT_BK, NEXT_LINE, NEXT_GLU)
     if SPLIT_K > 1:
         out_mask = m_mask & (offs_n[None, :] < N)
         tile_offs = offs_m[:, None] * N + offs_n[None, :]
@@ -330,7 +303,7 @@ def quantized_linear_triton(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Ten
 def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
                           bias: torch.Tensor | None = None, config: dict | None = None,
                           glu: bool = False, out_dtype: torch.dtype | None = None, norm=None,
-                          residual: torch.Tensor | None = None, next_weights=None):
+                          residual: torch.Tensor | None = None):
     """`w` [N, K] is int8 or fp8 with `scale`, or x's dtype with scale None (then `config` is
     required: the caller chose this kernel over cuBLAS by timing it). With `glu`, w is the fused
     [gate; up] projection [2N, K] and the output silu(gate) * up [.., N]; the tile holds
@@ -340,8 +313,7 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
 
     `norm` (a norm.RowNorm of x) and `residual`: the epilogue's fold of the RMSNorm before the
     product and of the residual add after it (quant.small_m_linear); with `residual` the result is
-    (the stream's next value, its partial sums of squares [N tiles, M]). `next_weights` (a
-    quant.NextWeights): the next product's weight tiles to ask L2 for as the programs finish."""
+    (the stream's next value, its partial sums of squares [N tiles, M])."""
     assert out_dtype is None or not glu, "SwiGLU's output is x's dtype"
     from ._dispatch import sm_count
     N, K = w.shape
@@ -384,26 +356,10 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
                               EVEN_K=K % cfg["BLOCK_K"] == 0,
                               DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GLU=glu,
                               SPLIT_K=split_k, BLOCK_M=block_m, TMA=x_desc is not x2,
-                              LINE=min(128 // w.element_size(), cfg["BLOCK_K"]), **next_args(next_weights, out),
-                              **cfg, **pdl_args(x2))
+                              LINE=min(128 // w.element_size(), cfg["BLOCK_K"]), **cfg, **pdl_args(x2))
     if residual is not None:
         return out, fold.sum_squares
     return out.view(*x.shape[:-1], N)
-
-
-def next_args(nxt, dummy: torch.Tensor) -> dict:
-    """The split-K kernel's prefetch_next arguments for a quant.NextWeights (or none: off)."""
-    if nxt is None or nxt.tiles == 0:
-        return dict(nx_ptr=dummy, nx_n=0, nx_k=0, nx_stride=0, nx_tiles_n=1, nx_k_per_split=0, nx_programs=0,
-                    NEXT_TILES=0, NEXT_BN=16, NEXT_BK=16, NEXT_LINE=16, NEXT_GLU=False)
-    n, k = nxt.weight.shape
-    n = n // 2 if nxt.glu else n
-    tiles_n = triton.cdiv(n, nxt.block_n)
-    k_per_split = triton.cdiv(triton.cdiv(k, nxt.block_k), nxt.split_k) * nxt.block_k
-    line = min(128 // nxt.weight.element_size(), nxt.block_k)
-    return dict(nx_ptr=nxt.weight, nx_n=n, nx_k=k, nx_stride=nxt.weight.stride(0), nx_tiles_n=tiles_n,
-                nx_k_per_split=k_per_split, nx_programs=tiles_n * nxt.split_k, NEXT_TILES=nxt.tiles,
-                NEXT_BN=nxt.block_n, NEXT_BK=nxt.block_k, NEXT_LINE=line, NEXT_GLU=nxt.glu)
 
 
 class FoldArgs:

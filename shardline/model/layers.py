@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from shardline.kernels import activation, gemv, quant
-from shardline.kernels._dispatch import PREFETCH_NEXT, use_triton
+from shardline.kernels._dispatch import use_triton
 from shardline.kernels.norm import RowNorm
 from shardline.parallel import TPGroup
 
@@ -22,9 +22,6 @@ class Linear:
                  scale: torch.Tensor | None = None) -> None:
         self.weight, self.bias, self.scale = weight, bias, scale
         self.gemms = None  # a GemmTable from `shardline tune-gemm`, when loaded
-        # The product a decode step runs after this one (and whether as SwiGLU), whose first weight
-        # tiles the split-K kernel asks L2 for as it finishes (SHARDLINE_PREFETCH_NEXT).
-        self.next: tuple[Linear, bool] | None = None
 
     def _choice(self, x: torch.Tensor) -> dict | None:
         if self.gemms is None:
@@ -57,7 +54,7 @@ class Linear:
         impl = choice["impl"] if choice is not None else None
         if impl == "triton":
             return quant.small_m_linear(x, self.weight, self.scale, bias, choice["config"], glu=glu,
-                                        out_dtype=out_dtype, next_weights=self._next_weights(x))
+                                        out_dtype=out_dtype)
         if impl == "ring":  # SwiGLU in its epilogue too, and the logits' fp32 from its sums
             return quant.ring_linear(x, self.weight, bias, choice["config"], glu=glu, out_dtype=out_dtype)
         if impl == "streamk":  # SwiGLU in its epilogue too
@@ -91,22 +88,7 @@ class Linear:
         if choice is not None and choice["impl"] == "ring":
             return quant.ring_linear(x, self.weight, self.bias, choice["config"], glu=glu, norm=norm, residual=residual)
         return quant.small_m_linear(x, self.weight, self.scale, self.bias, choice and choice["config"], glu=glu,
-                                    norm=norm, residual=residual, next_weights=self._next_weights(x))
-
-    def _next_weights(self, x: torch.Tensor) -> quant.NextWeights | None:
-        """`next`'s weight as its kernel at x's rows reads it, where that kernel is the split-K or
-        the tiled ring GEMM on weights of this dtype; else (or with the prefetch off) None."""
-        if not PREFETCH_NEXT or self.next is None:
-            return None
-        following, glu = self.next
-        choice = following._choice(x)
-        if choice is None or choice["impl"] not in ("triton", "ring") or following.weight.dtype != self.weight.dtype:
-            return None
-        cfg = choice["config"]
-        if cfg.get("SUB"):  # the balanced ring deals its rows out in runs, not tiles
-            return None
-        block_n = max(cfg["BLOCK_N"] // 2, 16) if glu else cfg["BLOCK_N"]
-        return quant.NextWeights(following.weight, block_n, cfg["BLOCK_K"], cfg.get("SPLIT_K", 1), glu, PREFETCH_NEXT)
+                                    norm=norm, residual=residual)
 
     def fused(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
               glu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

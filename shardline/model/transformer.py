@@ -215,20 +215,12 @@ class StageModel:
                                             cfg.rope_theta, cfg.rope_scaling, self.device)
         self.layers = [DecoderLayer(cfg, tp, weights, f"layers.{i}.", cos_sin)
                        for i in range(layer_start, layer_end)]
-        for layer, following in zip(self.layers, self.layers[1:] + [None]):  # a decode step's order
-            layer.qkv_proj.next = layer.o_proj, False
-            layer.o_proj.next = layer.up_proj, layer.is_glu
-            layer.up_proj.next = layer.down_proj, False
-            if following is not None:
-                layer.down_proj.next = following.qkv_proj, False
         if is_first:
             self.embed_tokens = VocabParallelEmbedding(weights["embed_tokens.weight"], tp)
             self.embed_positions = weights.get("embed_positions.weight")
         if is_last:
             self.norm = Norm(cfg, weights["norm.weight"], weights.get("norm.bias"))
             self.lm_head = Linear(weights["lm_head.weight"], weights.get("lm_head.bias"))
-            if self.layers:
-                self.layers[-1].down_proj.next = self.lm_head, False
 
     def linears(self) -> list[Linear]:
         out = [lin for layer in self.layers

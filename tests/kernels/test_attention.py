@@ -126,20 +126,6 @@ def test_decode_configs(device, block_n, warps, stages):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("prefetch,num_splits", [(1, 1), (3, 1), (2, 4)])
-def test_decode_prefetch(device, prefetch, num_splits):
-    """Tiles asked of L2 before the PDL wait change no result, also where a context (or a split of
-    it) is shorter than the tiles asked for, or empty."""
-    from shardline.kernels.triton_attention import paged_attention_triton
-    if device != "cuda":
-        pytest.skip("the L2 prefetch is PTX inline assembly, which the Triton interpreter does not run")
-    ctx = [1000, 1, 250, 64, 0]
-    q, kw = make_paged_batch([(c, 1) for c in ctx], 8, 2, 64, dtype=torch.bfloat16, device=device)
-    out = paged_attention_triton(q, **kw, num_splits=num_splits, decode_config=dict(PREFETCH=prefetch))
-    assert_close(out, paged_attention_ref(q, **kw), f"decode with {prefetch} tiles prefetched, {num_splits} splits")
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [1, 2, 8, 64])
 def test_decode_split_k(device, num_splits):
     from shardline.kernels.triton_attention import paged_attention_triton
@@ -251,18 +237,14 @@ def _decode_step_with_new_tokens(ctx, nh, nkv, hd, dtype, device, padding_rows=0
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("nh,nkv,hd,rd", [(6, 2, 64, 64), (32, 8, 128, 128), (4, 4, 96, 48)])
 @pytest.mark.parametrize("num_splits", [1, 2, 8])
-@pytest.mark.parametrize("prefetch", [0, 2])
-def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_splits, prefetch):
+def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_splits):
     """One kernel (rotary, cache write, attention over the new token from registers) against the
-    references run in turn, with context splits that do and do not hold the new token alone; and
-    with cached tiles asked of L2 before the PDL wait (the new token's slot is not among them)."""
+    references run in turn, with context splits that do and do not hold the new token alone."""
     from shardline.kernels.rotary import apply_rotary_and_write_kv_ref, rotary_cos_sin
     from shardline.kernels.triton_attention import paged_attention_triton
     skip_interpreted_bf16_dot(device, dtype)
     if not _dispatch.use_triton(torch.empty(0, device=device)):
         pytest.skip("the Triton kernel itself is under test")
-    if prefetch and device != "cuda":
-        pytest.skip("the L2 prefetch is PTX inline assembly, which the Triton interpreter does not run")
     ctx = [0, 14, 15, 16, 99, 300] if device == "cuda" else [0, 15, 40]
     q, k, v, positions, slots, kw = _decode_step_with_new_tokens(ctx, nh, nkv, hd, dtype, device, padding_rows=2)
     cos_sin = rotary_cos_sin(4096, rd, 10000.0, None, device=device)
@@ -275,7 +257,7 @@ def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_spli
     before_k, before_v = kw["k_cache"].clone(), kw["v_cache"].clone()
     poison_allocator(q)
     out = paged_attention_triton(q, **kw, max_query_len=1, num_splits=num_splits,
-                                 rotary=(k, v, positions, cos_sin, rd, slots), decode_config=dict(PREFETCH=prefetch))
+                                 rotary=(k, v, positions, cos_sin, rd, slots))
     assert_close(out[:real], want[:real], f"attention with rotary fused, {num_splits} splits")
     assert torch.isfinite(out).all(), "padding rows must not produce NaN"
     written = torch.zeros(kw["k_cache"].shape[:2], dtype=torch.bool, device=device).view(-1)

@@ -147,28 +147,6 @@ def test_split_k_l2_prefetch_ahead_changes_no_bit(device, ahead, split_k, glu, t
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiles", [1, 3, 50])
-@pytest.mark.parametrize("split_k", [1, 2])
-@pytest.mark.parametrize("next_glu,next_split", [(False, 1), (True, 3), (False, 2)])
-def test_split_k_prefetch_of_the_next_weight_changes_no_bit(device, tiles, split_k, next_glu, next_split):
-    """The programs' L2 requests for the next product's tiles (more tiles than its splits hold,
-    a next grid larger and smaller than this one, its rows no multiple of its tile) leave this
-    product's bits as they were."""
-    from shardline.kernels.quant import NextWeights
-    if device != "cuda":
-        pytest.skip("the L2 prefetch is inline PTX, which Triton's interpreter does not run")
-    N, K = 200, 1000
-    w = (torch.randn(N, K, device=device) * 0.05).to(torch.bfloat16)
-    nxt = (torch.randn(2 * 333 if next_glu else 333, 777, device=device) * 0.05).to(torch.bfloat16)
-    x = torch.randn(64, K, device=device, dtype=torch.bfloat16)
-    cfg = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, SPLIT_K=split_k, num_warps=4, num_stages=3, TMA=1)
-    want = small_m_linear(x, w, None, None, cfg)
-    for block_n in (16, 128):
-        got = small_m_linear(x, w, None, None, cfg, next_weights=NextWeights(nxt, block_n, 64, next_split, next_glu, tiles))
-        assert torch.equal(got, want), f"prefetching {tiles} tiles of the next weight changed the output"
-
-
-@pytest.mark.gpu
 def test_int8_linear_split_k_is_deterministic_and_graph_capturable(device):
     if device != "cuda":
         pytest.skip("CUDA graphs need a GPU")
