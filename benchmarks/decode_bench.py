@@ -202,8 +202,9 @@ def main() -> None:
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                     help="launch step N+1 before reading step N's tokens (default: the engine's)")
     ap.add_argument("--attention-configs", type=json.loads,
-                    help='A/B the decode attention tiles, e.g. \'[{"num_stages": 2}, {"num_stages": 3}]\': '
-                         'each batch is timed under each in turn, twice (graphs recaptured each time)')
+                    help='A/B the decode attention tiles, e.g. \'[{}, {"num_stages": 3}]\': keys changed from the '
+                         "kernel's choice for the batch ({} keeps it), each batch timed under each in turn, twice "
+                         "(graphs recaptured each time)")
     ap.add_argument("--gemm-configs", type=table_paths,
                     help="A/B `tune-gemm` tables, comma separated: each batch is timed under each in turn, twice "
                          "(graphs recaptured each time); the first is also --gemm-config's if that is not given")
@@ -256,7 +257,6 @@ def main() -> None:
     res["llama_params_streamed"] = params
     res["shardline"] = []
     from shardline.kernels import triton_attention
-    default_attention = dict(triton_attention.DECODE_CONFIG)
     variants: list[dict] = [{}]  # what each A/B run changes; graphs are captured again for each
     if args.attention_configs:
         variants = [{"attention": c} for c in args.attention_configs]
@@ -269,7 +269,7 @@ def main() -> None:
     for b in batches:
         for variant in variants * (2 if len(variants) > 1 else 1):
             if len(variants) > 1:
-                triton_attention.DECODE_CONFIG = dict(default_attention, **variant.get("attention", {}))
+                triton_attention.DECODE_OVERRIDE = dict(variant.get("attention", {}))
                 if "gemm_config" in variant:
                     pipeline.engines[0].model.configure_gemms(tables[variant["gemm_config"]])
                 pipeline.engines[0].graphs.reset()
@@ -279,7 +279,7 @@ def main() -> None:
                                      "weight_GBps": round(weight_bytes / ms / 1e6, 1),
                                      "graph_replay_ms": round(gpu_ms, 3) if gpu_ms else None, **variant})
             print(json.dumps(res["shardline"][-1]), flush=True)
-    triton_attention.DECODE_CONFIG = default_attention
+    triton_attention.DECODE_OVERRIDE = {}
     if "prefill" not in skip:
         ms, tf = prefill_tflops(pipeline)
         res["prefill_2048"] = {"ms": round(ms, 2), "linear_TFLOPs": round(tf, 1)}

@@ -36,14 +36,14 @@ def attention_step_ms(engine, table: GemmTable, batch: int, variant: dict) -> fl
     from shardline.kernels import triton_attention  # Triton: imported on the GPU only
     variant = dict(variant)
     splits = variant.pop("splits", None)
-    default_config, default_splits = dict(triton_attention.DECODE_CONFIG), triton_attention._num_splits
-    triton_attention.DECODE_CONFIG = dict(default_config, **variant)
+    default_override, default_splits = triton_attention.DECODE_OVERRIDE, triton_attention._num_splits
+    triton_attention.DECODE_OVERRIDE = dict(default_override, **variant)
     if splits:
         triton_attention._num_splits = lambda *args, **kwargs: splits
     try:
         return step_tuning.step_ms(engine, table, batch)
     finally:
-        triton_attention.DECODE_CONFIG, triton_attention._num_splits = default_config, default_splits
+        triton_attention.DECODE_OVERRIDE, triton_attention._num_splits = default_override, default_splits
 
 
 def main() -> None:
@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--attention", action="store_true", help="then time ATTENTION_VARIANTS in the step")
     ap.add_argument("--attention-config", type=json.loads, default={},
                     help='the decode attention tile the whole refinement runs under, e.g. \'{"num_stages": 1}\' '
-                         "(keys BLOCK_N, num_warps, num_stages, maxnreg; the kernel's DECODE_CONFIG by default)")
+                         "(keys BLOCK_N, num_warps, num_stages, maxnreg over the kernel's choice for the batch)")
     ap.add_argument("--impls", help="only candidates of these implementations, comma-separated "
                     "(default, cublas, triton, ring, gemv), besides each linear's current choice")
     ap.add_argument("--rounds", type=int, default=2)
@@ -93,7 +93,7 @@ def main() -> None:
     engine = pipeline.engines[0]
     if args.attention_config:
         from shardline.kernels import triton_attention
-        triton_attention.DECODE_CONFIG = dict(triton_attention.DECODE_CONFIG, **args.attention_config)
+        triton_attention.DECODE_OVERRIDE = dict(args.attention_config)
     b = args.batch
     table = step_tuning.refine(engine, start, [b], cfg, torch.bfloat16, linears, rounds=args.rounds,
                                margin=args.margin, impls=impls)

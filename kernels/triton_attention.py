@@ -290,6 +290,20 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_p
 # 19.2 / 24.0), but in the engine's step three cost 0.15-0.19 ms at batch 64 and 0.06 at batch 16
 # (`decode_bench.py --attention-configs`, docs/benchmarks.md): time tiles in the step, not alone.
 DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=2)
+# 2-16 rows: half the tile, no pipelining (H200, session h: batch 16 4.647-4.671 ms a step against
+# 4.741-4.776 over four alternated runs; batch 1 lost, 3.79-3.82 against 3.75, and 32 or 64 rows too:
+# benchmarks/results/ab-attention-*-2026-11-30h.txt).
+SMALL_BATCH_ROWS = 16
+SMALL_BATCH_DECODE_CONFIG = dict(BLOCK_N=32, num_warps=4, num_stages=1)
+# Keys a benchmark changes on top of decode_config_for's choice, at every row count (an A/B switch:
+# decode_bench --attention-configs, step_tune --attention).
+DECODE_OVERRIDE: dict = {}
+
+
+def decode_config_for(rows: int) -> dict:
+    """The decode kernel's BLOCK_N, num_warps and num_stages for a step of `rows` query rows."""
+    base = SMALL_BATCH_DECODE_CONFIG if 1 < rows <= SMALL_BATCH_ROWS else DECODE_CONFIG
+    return dict(base, **DECODE_OVERRIDE)
 
 
 def _num_splits(num_programs: int, max_ctx: int, num_sms: int, min_tokens: int = 64) -> int:
@@ -311,8 +325,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
                            max_query_len: int | None = None, max_seq_len: int | None = None,
                            decode_config: dict | None = None, prefill_config: dict | None = None,
                            num_splits: int | None = None, rotary: tuple | None = None):
-    """`decode_config`: BLOCK_N, num_warps, num_stages of the decode kernel (DECODE_CONFIG by
-    default); `num_splits`: its context splits (by default `_num_splits`). `rotary`: (k, v,
+    """`decode_config`: BLOCK_N, num_warps, num_stages of the decode kernel (decode_config_for's
+    by default); `num_splits`: its context splits (by default `_num_splits`). `rotary`: (k, v,
     positions, cos_sin, rotary_dim, slot_mapping) of a decode step whose q, k and v are unrotated
     and not yet cached (see _decode_kernel); it requires max_query_len == 1."""
     T, nh, hd = q.shape
@@ -352,7 +366,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
             scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
             NUM_SPLITS=splits, **rot, ONE_ROW=max_query_len == 1 and T == B,
-            **(decode_config or DECODE_CONFIG), **common, **pdl_args(q))
+            **(decode_config or decode_config_for(T)), **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,

@@ -126,6 +126,23 @@ def test_decode_configs(device, block_n, warps, stages):
 
 
 @pytest.mark.gpu
+def test_decode_tile_by_rows_and_the_benchmarks_override():
+    """2-16 rows take the small-batch tile, 1 and 17+ the default; a benchmark's override changes
+    only the keys it names, at every row count, and {} restores the choice."""
+    from shardline.kernels import triton_attention as ta
+    small, default = ta.SMALL_BATCH_DECODE_CONFIG, ta.DECODE_CONFIG
+    assert small != default
+    assert [ta.decode_config_for(r) for r in (1, 2, 16, 17, 64)] == [default, small, small, default, default]
+    try:
+        ta.DECODE_OVERRIDE = {"num_stages": 3}
+        assert ta.decode_config_for(16) == dict(small, num_stages=3)
+        assert ta.decode_config_for(64) == dict(default, num_stages=3)
+    finally:
+        ta.DECODE_OVERRIDE = {}
+    assert ta.decode_config_for(16) == small
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [1, 2, 8, 64])
 def test_decode_split_k(device, num_splits):
     from shardline.kernels.triton_attention import paged_attention_triton
