@@ -38,13 +38,15 @@ HERE = Path(__file__).resolve().parent
 
 GEMM_CONFIG: str | None = None  # --gemm-config
 OVERLAP: bool | None = None  # --overlap / --no-overlap (None: EngineConfig's default)
+BLOCK_SIZE: int | None = None  # --block-size (None: EngineConfig's default)
 
 
 def build(shape: str, dtype: str = "bf16", quantization: str = "none", max_num_seqs: int = 256,
           kv_bytes: int = 24 << 30, max_model_len: int = 4096, device: str = "cuda") -> LocalPipeline:
     engine = step_tuning.random_engine(ModelConfig(**SHAPES[shape]), dtype, quantization, max_num_seqs, device,
                                        gemm_config=GEMM_CONFIG, kv_bytes=kv_bytes, max_model_len=max_model_len,
-                                       **({} if OVERLAP is None else {"overlap_decode": OVERLAP}))
+                                       **({} if OVERLAP is None else {"overlap_decode": OVERLAP}),
+                                       **({} if BLOCK_SIZE is None else {"block_size": BLOCK_SIZE}))
     return LocalPipeline(None, config=engine.config, engines=[engine])
 
 
@@ -201,6 +203,7 @@ def main() -> None:
     ap.add_argument("--gemm-config", help="use `shardline tune-gemm` choices (and report the gain)")
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                     help="launch step N+1 before reading step N's tokens (default: the engine's)")
+    ap.add_argument("--block-size", type=int, help="tokens a KV-cache block (default: the engine's)")
     ap.add_argument("--attention-configs", type=json.loads,
                     help='A/B the decode attention tiles, e.g. \'[{}, {"num_stages": 3}]\': keys changed from the '
                          "kernel's choice for the batch ({} keeps it), each batch timed under each in turn, twice "
@@ -224,20 +227,23 @@ def main() -> None:
         return
     if args.gemm_configs and args.attention_configs:
         ap.error("--gemm-configs and --attention-configs each A/B the whole run: pass one of them")
-    tiles = {"BLOCK_N", "num_warps", "num_stages", "maxnreg"}
+    tiles = {"BLOCK_N", "num_warps", "num_stages", "maxnreg", "KV_TMA"}
     if args.attention_configs is not None and not (
             isinstance(args.attention_configs, list)
             and all(isinstance(c, dict) and set(c) <= tiles for c in args.attention_configs)):
         ap.error(f"--attention-configs takes a JSON list of objects with keys from {sorted(tiles)}, "
                  f'e.g. \'[{{"num_stages": 2}}, {{"num_stages": 3}}]\'; got {args.attention_configs!r}')
-    global GEMM_CONFIG, OVERLAP
-    GEMM_CONFIG, OVERLAP = args.gemm_config or (args.gemm_configs or [None])[0], args.overlap
+    if args.block_size is not None and (args.block_size < 1 or args.block_size & (args.block_size - 1)):
+        ap.error(f"--block-size {args.block_size}: a power of two, e.g. 16 or 64")
+    global GEMM_CONFIG, OVERLAP, BLOCK_SIZE
+    GEMM_CONFIG, OVERLAP, BLOCK_SIZE = args.gemm_config or (args.gemm_configs or [None])[0], args.overlap, args.block_size
     batches = [int(b) for b in args.batches.split(",")]
     skip = set(filter(None, args.skip.split(",")))
     res: dict = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
                  "command": " ".join(sys.argv), "torch": torch.__version__,
                  "overlap": EngineConfig().overlap_decode if OVERLAP is None else OVERLAP,
-                 "pdl": os.environ.get("SHARDLINE_PDL", "1") not in ("", "0")}
+                 "pdl": os.environ.get("SHARDLINE_PDL", "1") not in ("", "0"),
+                 "block_size": BLOCK_SIZE or EngineConfig().block_size}
     peers = Path(args.peers) if args.peers else None
 
     if peers is not None:  # peers first, each in its own process, so their memory is gone before ours
