@@ -27,7 +27,7 @@ from shardline.kernels.triton_attention import _decode_kernel
 SM_REGISTERS, SM_SHARED, SM_PROGRAMS = 65536, 227 * 1024, 32  # Hopper, per multiprocessor
 
 
-def compile_decode(stages: int, block_n: int, warps: int, kv_tma: bool = False):
+def compile_decode(stages: int, block_n: int, warps: int):
     """The decode kernel as the engine launches it at batch <= 64 (one query row a sequence, no
     context splits), for sm_90."""
     fn = _decode_kernel
@@ -37,10 +37,7 @@ def compile_decode(stages: int, block_n: int, warps: int, kv_tma: bool = False):
             "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64",
             "scale_log2": "fp32", "num_seqs": "i32", "num_heads": "i32"}
     sig |= {n: "i32" for n in order if n.startswith("stride")}
-    # KV_TMA: a tile is one block, so BLOCK_SIZE is BLOCK_N; else the descriptors are the caches again
-    sig |= {n: f"tensordesc<bf16[{block_n}, 128]>" if kv_tma else "*bf16" for n in ("k_desc", "v_desc")}
-    constexprs = dict(GROUP=4, GROUP_P2=16, HEAD_DIM=128, HEAD_DIM_P2=128, BLOCK_SIZE=block_n if kv_tma else 16,
-                      BLOCK_N=block_n, KV_TMA=kv_tma,
+    constexprs = dict(GROUP=4, GROUP_P2=16, HEAD_DIM=128, HEAD_DIM_P2=128, BLOCK_SIZE=16, BLOCK_N=block_n,
                       NUM_SPLITS=1, SEQS_P2=64, DOT_PRECISION="tf32", ROTARY=True, HALF=64, ROT=128, ONE_ROW=True,
                       USE_PDL=True)
     sig |= {k: "constexpr" for k in constexprs}
@@ -65,16 +62,14 @@ def main() -> None:
     ap.add_argument("--stages", type=depths, default=[1, 2, 3])
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--warps", type=int, default=4)
-    ap.add_argument("--kv-tma", action="store_true", help="tiles by bulk copy (one cache block a tile)")
     args = ap.parse_args()
     if min(args.stages) < 1 or args.block_n < 16 or args.block_n & (args.block_n - 1) or args.warps not in (1, 2, 4, 8):
         ap.error(f"--stages {args.stages}, --block-n {args.block_n}, --warps {args.warps}: stages >= 1, BLOCK_N a "
                  "power of two >= 16 (the kernel's dot), warps one of 1, 2, 4, 8")
-    print(f"decode attention, Llama-3-8B shapes, BLOCK_N {args.block_n}, {args.warps} warps, "
-          f"{'bulk-copied tiles (one cache block each)' if args.kv_tma else '16-token blocks'}, sm_90")
+    print(f"decode attention, Llama-3-8B shapes, BLOCK_N {args.block_n}, {args.warps} warps, sm_90")
     print(f"{'stages':>6} {'shared KB':>9} {'regs':>5} {'spill B':>7} {'programs/SM':>11} {'shared left KB':>14}")
     for stages in args.stages:
-        kernel = compile_decode(stages, args.block_n, args.warps, args.kv_tma)
+        kernel = compile_decode(stages, args.block_n, args.warps)
         regs, spills = _ptxas(kernel.asm["ptx"])
         shared = kernel.metadata.shared
         n = resident(shared, regs, args.warps)

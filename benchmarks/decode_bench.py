@@ -227,7 +227,7 @@ def main() -> None:
         return
     if args.gemm_configs and args.attention_configs:
         ap.error("--gemm-configs and --attention-configs each A/B the whole run: pass one of them")
-    tiles = {"BLOCK_N", "num_warps", "num_stages", "maxnreg", "KV_TMA"}
+    tiles = {"BLOCK_N", "num_warps", "num_stages", "maxnreg"}
     if args.attention_configs is not None and not (
             isinstance(args.attention_configs, list)
             and all(isinstance(c, dict) and set(c) <= tiles for c in args.attention_configs)):

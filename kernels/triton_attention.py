@@ -73,33 +73,17 @@ def _load_kv_tile(cache_ptr, bt_row_ptr, offs_n, mask_n, dims, dmask, kvh,
 
 
 @triton.jit
-def _softmax_step(q, k, v, acc, l_i, m_i, n0, kv_end, scale_log2, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr):
-    """One online-softmax step of the decode kernel over keys [n0, n0 + BLOCK_N) (k, v: (N, D)),
-    those from kv_end on masked out when MASKED."""
-    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2  # (G, N)
-    if MASKED:
-        s = tl.where((n0 + tl.arange(0, BLOCK_N) < kv_end)[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
-    return acc, l_i, m_new
-
-
-@triton.jit
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
                    part_out_ptr, part_lse_ptr, scale_log2, num_seqs, num_heads,
                    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
                    stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
                    k_new_ptr, v_new_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
-                   stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h, stride_cs, k_desc, v_desc,
+                   stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h, stride_cs,
                    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
-                   KV_TMA: tl.constexpr, USE_PDL: tl.constexpr):
+                   USE_PDL: tl.constexpr):
     """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
     sequence). The kernel rotates q and the row's new key, writes the new key and value to the
     row's cache slot (skipped when the slot is < 0) and attends over the new token from registers:
@@ -108,12 +92,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     ONE_ROW: every sequence has exactly one query row, in order (a decode step), so row r is
     sequence r and sees all its seq_len keys; no search of query_start_loc. Under PDL the program
     reads the step's metadata before its wait: the host wrote it before the step's first kernel,
-    and only q and the new token come from the kernel ahead.
-
-    KV_TMA: a tile is one block of the cache (BLOCK_N == BLOCK_SIZE), and k_desc and v_desc are
-    tensor descriptors of the caches seen as [blocks * BLOCK_SIZE, kv heads * HEAD_DIM]: a whole
-    tile's keys and values arrive by one bulk copy each, with no per-element addresses. A last,
-    partial tile takes the masked loads (the slots past the context may hold anything)."""
+    and only q and the new token come from the kernel ahead."""
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -156,22 +135,22 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     l_i = tl.zeros([GROUP_P2], tl.float32)
     acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    tail = lo  # where the masked loads take over
-    if KV_TMA:  # whole tiles by bulk copy, unmasked; a last, partial one by the masked loads below
-        tail = lo + tl.maximum(hi_cached - lo, 0) // BLOCK_N * BLOCK_N
-        for n0 in range(lo, tail, BLOCK_N):
-            row0 = tl.load(bt_row + n0 // BLOCK_SIZE) * BLOCK_SIZE
-            acc, l_i, m_i = _softmax_step(q, k_desc.load([row0, kvh * HEAD_DIM]), v_desc.load([row0, kvh * HEAD_DIM]),
-                                          acc, l_i, m_i, n0, hi_cached, scale_log2, BLOCK_N, False, DOT_PRECISION)
-    for n0 in range(tail, hi_cached, BLOCK_N):  # every tile, or (KV_TMA) the last, partial one
+    for n0 in range(lo, hi_cached, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi_cached
         k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
                           stride_k_blk, stride_k_tok, stride_k_h, BLOCK_SIZE)  # (N, D)
         v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
                           stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
-        acc, l_i, m_i = _softmax_step(q, k, v, acc, l_i, m_i, n0, hi_cached, scale_log2, BLOCK_N, True,
-                                      DOT_PRECISION)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2  # (G, N)
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
+                                            input_precision=DOT_PRECISION)
+        m_i = m_new
     if ROTARY:
         if (kv_len > 0) & (kv_len - 1 >= lo) & (kv_len - 1 < hi):  # this split holds the new token
             cdt = k_cache_ptr.dtype.element_ty
@@ -316,16 +295,13 @@ DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=2)
 # benchmarks/results/ab-attention-*-2026-11-30h.txt).
 SMALL_BATCH_ROWS = 16
 SMALL_BATCH_DECODE_CONFIG = dict(BLOCK_N=32, num_warps=4, num_stages=1)
-# KV_TMA=1: where a tile is one cache block (BLOCK_N == block_size), on Hopper, the keys and values
-# come by bulk copy (_decode_kernel); 0 keeps the per-element loads (an A/B switch).
 # Keys a benchmark changes on top of decode_config_for's choice, at every row count (an A/B switch:
 # decode_bench --attention-configs, step_tune --attention).
 DECODE_OVERRIDE: dict = {}
 
 
 def decode_config_for(rows: int) -> dict:
-    """The decode kernel's BLOCK_N, num_warps and num_stages (and KV_TMA, when set) for a step of
-    `rows` query rows."""
+    """The decode kernel's BLOCK_N, num_warps and num_stages for a step of `rows` query rows."""
     base = SMALL_BATCH_DECODE_CONFIG if 1 < rows <= SMALL_BATCH_ROWS else DECODE_CONFIG
     return dict(base, **DECODE_OVERRIDE)
 
@@ -338,22 +314,6 @@ def _num_splits(num_programs: int, max_ctx: int, num_sms: int, min_tokens: int =
            and max_ctx >= 2 * splits * min_tokens):
         splits *= 2
     return splits
-
-
-def _kv_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, wanted: int, block_n: int):
-    """Tensor descriptors of the caches' [BLOCK_N, head_dim] tiles, seen as [blocks * block_size,
-    kv heads * head_dim], where the decode kernel can take its tiles by bulk copy (KV_TMA): a tile
-    is one block, on Hopper, the caches contiguous and 16-byte aligned, head_dim a power of two;
-    else None (the per-element loads)."""
-    from ._dispatch import hopper_or_later
-    num_blocks, block_size, nkv, hd = k_cache.shape
-    if not (wanted and block_n == block_size and hd == next_pow2(hd) and hd * k_cache.element_size() >= 16
-            and k_cache.is_cuda and hopper_or_later(k_cache)
-            and all(c.is_contiguous() and c.data_ptr() % 16 == 0 for c in (k_cache, v_cache))):
-        return None
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    return tuple(TensorDescriptor.from_tensor(c.view(num_blocks * block_size, nkv * hd), [block_size, hd])
-                 for c in (k_cache, v_cache))
 
 
 def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
@@ -402,13 +362,11 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         else:
             new_kv = (q, q, seq_lens, q, seq_lens, 0, 0, 0, 0, 0)  # unused
             rot = dict(ROTARY=False, HALF=1, ROT=2)
-        cfg = dict(decode_config or decode_config_for(T))
-        descs = _kv_descriptors(k_cache, v_cache, cfg.pop("KV_TMA", 1), cfg["BLOCK_N"])
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
-            scale_log2, B, nh, *strides, *new_kv, *(descs or (k_cache, v_cache)), GROUP=group,
-            GROUP_P2=max(next_pow2(group), 16), NUM_SPLITS=splits, **rot, ONE_ROW=max_query_len == 1 and T == B,
-            KV_TMA=descs is not None, **cfg, **common, **pdl_args(q))
+            scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
+            NUM_SPLITS=splits, **rot, ONE_ROW=max_query_len == 1 and T == B,
+            **(decode_config or decode_config_for(T)), **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,
