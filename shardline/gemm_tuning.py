@@ -1,7 +1,7 @@
 """GEMM autotuning: time each candidate for the model's real linear shapes and batch sizes on this
 GPU, keep the fastest, and let the stage worker load the choice.
 
-    shardline tune-gemm --shape llama3-8b --batches 1,16,64,256 --out gemm-h200.json
+    shardline tune-gemm --shape llama3-8b --batches 1,16,32,64,256 --out gemm-h200.json
     python -m shardline.stage_worker ... --gemm-config gemm-h200.json
 
 Candidates per (N, K, weight dtype, batch rows M): the default (cuBLAS's F.linear; for int8/fp8
@@ -310,7 +310,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", choices=["llama3-8b", "gptj-6b"], help="a built-in model shape")
     p.add_argument("--model", help="a converted model directory (its manifest gives the shapes)")
     p.add_argument("--tp", type=int, default=None, help="default: the model's, or 1")
-    p.add_argument("--batches", default="1,16,64,256")
+    # Each decode batch bucket takes the next larger tuned batch's entries: rows 17-32 on the 64-row
+    # entries ran 10% slower a step than 64 rows on the H200 (docs/benchmarks.md), hence 32.
+    p.add_argument("--batches", default="1,16,32,64,256")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     quant = p.add_mutually_exclusive_group()
     quant.add_argument("--int8", action="store_true", help="tune int8 weight-only projections")
@@ -353,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
         batches = []
     if not batches or min(batches) < 1:
         print(f"shardline tune-gemm: error: --batches {args.batches!r}: give row counts >= 1, comma-separated, "
-              "e.g. --batches 1,16,64,256", file=sys.stderr)
+              "e.g. --batches 1,16,32,64,256", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("shardline tune-gemm: error: needs a CUDA GPU; the file it writes is per GPU model", file=sys.stderr)
