@@ -39,6 +39,9 @@ HERE = Path(__file__).resolve().parent
 GEMM_CONFIG: str | None = None  # --gemm-config
 OVERLAP: bool | None = None  # --overlap / --no-overlap (None: EngineConfig's default)
 BLOCK_SIZE: int | None = None  # --block-size (None: EngineConfig's default)
+# The decode attention keys an A/B may change over the kernel's choice (--attention-configs, and
+# step_tune's --attention-config).
+ATTENTION_TILE_KEYS = {"BLOCK_N", "num_warps", "num_stages", "maxnreg"}
 
 
 def build(shape: str, dtype: str = "bf16", quantization: str = "none", max_num_seqs: int = 256,
@@ -227,11 +230,10 @@ def main() -> None:
         return
     if args.gemm_configs and args.attention_configs:
         ap.error("--gemm-configs and --attention-configs each A/B the whole run: pass one of them")
-    tiles = {"BLOCK_N", "num_warps", "num_stages", "maxnreg"}
     if args.attention_configs is not None and not (
             isinstance(args.attention_configs, list)
-            and all(isinstance(c, dict) and set(c) <= tiles for c in args.attention_configs)):
-        ap.error(f"--attention-configs takes a JSON list of objects with keys from {sorted(tiles)}, "
+            and all(isinstance(c, dict) and set(c) <= ATTENTION_TILE_KEYS for c in args.attention_configs)):
+        ap.error(f"--attention-configs takes a JSON list of objects with keys from {sorted(ATTENTION_TILE_KEYS)}, "
                  f'e.g. \'[{{"num_stages": 2}}, {{"num_stages": 3}}]\'; got {args.attention_configs!r}')
     if args.block_size is not None and (args.block_size < 1 or args.block_size & (args.block_size - 1)):
         ap.error(f"--block-size {args.block_size}: a power of two, e.g. 16 or 64")

@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--attention", action="store_true", help="then time ATTENTION_VARIANTS in the step")
     ap.add_argument("--attention-config", type=json.loads, default={},
                     help='the decode attention tile the whole refinement runs under, e.g. \'{"num_stages": 1}\' '
-                         "(keys BLOCK_N, num_warps, num_stages, maxnreg over the kernel's choice for the batch)")
+                         "(keys over the kernel's choice for the batch, as decode_bench's --attention-configs)")
     ap.add_argument("--impls", help="only candidates of these implementations, comma-separated "
                     "(default, cublas, triton, ring, gemv), besides each linear's current choice")
     ap.add_argument("--rounds", type=int, default=2)
@@ -78,9 +78,8 @@ def main() -> None:
     problem = step_tuning.settings_error(args.rounds, args.margin)
     if problem:
         ap.error(f"--rounds / --margin: {problem}")
-    if not (isinstance(args.attention_config, dict)
-            and set(args.attention_config) <= {"BLOCK_N", "num_warps", "num_stages", "maxnreg"}):
-        ap.error(f"--attention-config takes a JSON object with keys from BLOCK_N, num_warps, num_stages, maxnreg, "
+    if not (isinstance(args.attention_config, dict) and set(args.attention_config) <= decode_bench.ATTENTION_TILE_KEYS):
+        ap.error(f"--attention-config takes a JSON object with keys from {sorted(decode_bench.ATTENTION_TILE_KEYS)}, "
                  f"e.g. '{{\"num_stages\": 1}}'; got {args.attention_config!r}")
     if not torch.cuda.is_available():
         ap.error("step_tune times the captured decode step on a CUDA GPU; none is visible")

@@ -73,3 +73,16 @@ def test_resident_programs_take_the_least_of_registers_shared_memory_and_slots()
     assert resident(38 * 1024, 165, 4) == 3  # 168 a thread: registers hold three
     assert resident(100 * 1024, 64, 4) == 2  # shared memory holds two
     assert resident(0, 16, 1) == 32  # block slots
+
+
+def test_decode_bench_names_bad_attention_tiles_and_block_sizes_before_the_gpu():
+    """A tile key the kernel does not take, or a cache block that is no power of two, is a usage
+    error (exit 2, the option named) before any engine is built."""
+    import subprocess
+    import sys
+    cases = [(["--attention-configs", '[{}, {"stages": 1}]'], "--attention-configs takes a JSON list"),
+             (["--block-size", "48"], "--block-size 48: a power of two")]
+    for flags, says in cases:
+        out = subprocess.run([sys.executable, "benchmarks/decode_bench.py", "--batches", "64", *flags],
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert out.returncode == 2 and says in out.stderr, (flags, out.stderr[-500:])

@@ -117,7 +117,9 @@ def test_step_tune_script_names_bad_arguments_before_the_gpu(tmp_path):
     GemmTable("cpu", {}).save(table)
     cases = [(("--batch", "128"), "--batch 128"), (("--batch", "0"), "--batch 0"),
              (("--linears", "qkv_proj,mlp"), "unknown ['mlp']"), (("--impls", "ring,magic"), "unknown ['magic']"),
-             (("--rounds", "0"), "[0, 1)"), (("--margin", "1"), "[0, 1)")]
+             (("--rounds", "0"), "[0, 1)"), (("--margin", "1"), "[0, 1)"),
+             (("--attention-config", '{"stages": 1}'), "--attention-config takes a JSON object"),
+             (("--attention-config", "[1]"), "--attention-config takes a JSON object")]
     for flags, says in cases:
         out = subprocess.run([sys.executable, "-m", "benchmarks.step_tune", "--gemm-config", str(table),
                               "--out", str(tmp_path / "t.json"), *flags],
