@@ -86,3 +86,13 @@ def test_decode_bench_names_bad_attention_tiles_and_block_sizes_before_the_gpu()
         out = subprocess.run([sys.executable, "benchmarks/decode_bench.py", "--batches", "64", *flags],
                              capture_output=True, text=True, timeout=120, check=False)
         assert out.returncode == 2 and says in out.stderr, (flags, out.stderr[-500:])
+
+
+def test_ring_resources_reads_the_launch_register_cap_from_the_compiled_kernel():
+    """Compiled for sm_90 on the CPU: uncapped, the ring asks for the whole register file (255 a
+    thread for 256 threads); capped at 128 it asks for half, so another program fits beside it."""
+    pytest.importorskip("triton.experimental.gluon", reason="benchmarks/ring_resources.py compiles Gluon")
+    from benchmarks.gemv_registers import _ptxas
+    from benchmarks.ring_resources import compile_ring
+    regs = {cap: _ptxas(compile_ring(64, 128, 4, 1, False, "none", cap).asm["ptx"])[0] for cap in (0, 128)}
+    assert regs == {0: 255, 128: 128}, regs
