@@ -239,6 +239,23 @@ def _paged(seq_lens_list, q_lens, dtype=BF16, table_width=None):
     return q, (kc, vc, tables, seq_lens, qsl, HD ** -0.5)
 
 
+def decode_step_inputs(B: int, ctx: int, head_major: bool = False) -> tuple:
+    """A decode step's attention inputs, B rows at context ctx, the new tokens not yet rotated or
+    cached: (q, k, v, positions, cos_sin, k_cache, v_cache, slots, block_tables, seq_lens,
+    query_start_loc, scale). `head_major`: the cache stored [blocks, kv heads, block_size,
+    head_dim] (each page of a head contiguous), seen through the usual view."""
+    _, (kc, vc, tables, seq_lens, qsl, scale) = _paged([ctx] * B, [1] * B)
+    if head_major:
+        kc, vc = (c.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for c in (kc, vc))
+    qkv = torch.randn(B, (NH + 2 * NKV) * HD, device="cuda", dtype=BF16)
+    q, k, v = (qkv[:, :NH * HD].view(B, NH, HD), qkv[:, NH * HD:(NH + NKV) * HD].view(B, NKV, HD),
+               qkv[:, (NH + NKV) * HD:].view(B, NKV, HD))
+    pos = (seq_lens - 1).long()
+    slots = tables[torch.arange(B, device="cuda"), pos // BLOCK].long() * BLOCK + pos % BLOCK
+    cos_sin = rotary_cos_sin(4096, HD, 500000.0, None, device="cuda")
+    return q, k, v, pos, cos_sin, kc, vc, slots, tables, seq_lens, qsl, scale
+
+
 DECODE_SHAPES = ((1, 192), (1, 2048), (16, 1024), (64, 192), (64, 512), (256, 192))
 
 
@@ -261,15 +278,7 @@ def bench_decode_attention(sweep: bool, shapes=DECODE_SHAPES) -> None:
             `head_major`: the cache stored [blocks, kv heads, block_size, head_dim] (each page of
             a head contiguous), seen through the same [blocks, block_size, kv heads, head_dim] view."""
             def build():
-                q, (kc, vc, tables, seq_lens, qsl, scale) = _paged([ctx] * B, [1] * B)
-                if head_major:
-                    kc, vc = (c.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for c in (kc, vc))
-                qkv = torch.randn(B, (NH + 2 * NKV) * HD, device="cuda", dtype=BF16)
-                q, k, v = (qkv[:, :NH * HD].view(B, NH, HD), qkv[:, NH * HD:(NH + NKV) * HD].view(B, NKV, HD),
-                           qkv[:, (NH + NKV) * HD:].view(B, NKV, HD))
-                pos = (seq_lens - 1).long()
-                slots = tables[torch.arange(B, device="cuda"), pos // BLOCK].long() * BLOCK + pos % BLOCK
-                cs = rotary_cos_sin(4096, HD, 500000.0, None, device="cuda")
+                q, k, v, pos, cs, kc, vc, slots, tables, seq_lens, qsl, scale = decode_step_inputs(B, ctx, head_major)
                 if fused:
                     return lambda: attention.rotary_decode_attention(q, k, v, pos, cs, HD, kc, vc, slots, tables,
                                                                      seq_lens, qsl, scale, max_seq_len=ctx)

@@ -18,9 +18,8 @@ import json
 
 import torch
 
-from benchmarks.kernels_bench import BF16, BLOCK, HD, NH, NKV, _paged
+from benchmarks.kernels_bench import BF16, HD, decode_step_inputs
 from shardline.kernels import attention, quant
-from shardline.kernels.rotary import rotary_cos_sin
 
 
 def main() -> None:
@@ -40,13 +39,7 @@ def main() -> None:
     act = torch.randn(B, 14336, device="cuda", dtype=BF16)
     w = {name: torch.randn(n, k, device="cuda", dtype=BF16) * 0.02
          for name, (n, k) in dict(gate_up=(2 * 14336, 4096), down=(4096, 14336), qkv=(6144, 4096), o=(4096, 4096)).items()}
-    _, (kc, vc, tables, seq_lens, qsl, scale) = _paged([ctx] * B, [1] * B)
-    qkv = torch.randn(B, (NH + 2 * NKV) * HD, device="cuda", dtype=BF16)
-    q, k, v = (qkv[:, :NH * HD].view(B, NH, HD), qkv[:, NH * HD:(NH + NKV) * HD].view(B, NKV, HD),
-               qkv[:, (NH + NKV) * HD:].view(B, NKV, HD))
-    pos = (seq_lens - 1).long()
-    slots = tables[torch.arange(B, device="cuda"), pos // BLOCK].long() * BLOCK + pos % BLOCK
-    cos_sin = rotary_cos_sin(4096, HD, 500000.0, None, device="cuda")
+    q, k, v, pos, cos_sin, kc, vc, slots, tables, seq_lens, qsl, scale = decode_step_inputs(B, ctx)
     runs = {
         "gate_up": lambda: quant.small_m_linear(x, w["gate_up"], None, None, cfg(28672, 4096), glu=True),
         "down": lambda: quant.small_m_linear(act, w["down"], None, None, cfg(4096, 14336)),

@@ -291,8 +291,9 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_p
 # (`decode_bench.py --attention-configs`, docs/benchmarks.md): time tiles in the step, not alone.
 DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=2)
 # 2-16 rows: half the tile, no pipelining (H200, session h: batch 16 4.647-4.671 ms a step against
-# 4.741-4.776 over four alternated runs; batch 1 lost, 3.79-3.82 against 3.75, and 32 or 64 rows too:
-# benchmarks/results/ab-attention-*-2026-11-30h.txt).
+# 4.741-4.776 over four alternated runs). Batch 1 lost (3.79-3.82 against 3.75), 64 rows lost
+# (4.943 / 5.091 against 4.731 / 4.888) and 32 gained nothing (5.492 / 5.405 against 5.234 / 5.421):
+# benchmarks/results/ab-attention-*-2026-11-30h.txt.
 SMALL_BATCH_ROWS = 16
 SMALL_BATCH_DECODE_CONFIG = dict(BLOCK_N=32, num_warps=4, num_stages=1)
 # Keys a benchmark changes on top of decode_config_for's choice, at every row count (an A/B switch:

@@ -80,10 +80,12 @@ def test_decode_bench_names_bad_attention_tiles_and_block_sizes_before_the_gpu()
     error (exit 2, the option named) before any engine is built."""
     import subprocess
     import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_bench.py"
     cases = [(["--attention-configs", '[{}, {"stages": 1}]'], "--attention-configs takes a JSON list"),
              (["--block-size", "48"], "--block-size 48: a power of two")]
     for flags, says in cases:
-        out = subprocess.run([sys.executable, "benchmarks/decode_bench.py", "--batches", "64", *flags],
+        out = subprocess.run([sys.executable, str(script), "--batches", "64", *flags],
                              capture_output=True, text=True, timeout=120, check=False)
         assert out.returncode == 2 and says in out.stderr, (flags, out.stderr[-500:])
 
