@@ -284,12 +284,13 @@ def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
     else:
         part, counters = out, out  # unused
     pdl = use_pdl(x2)
+    cap = {"maxnreg": cfg["MAXNREG"]} if cfg.get("MAXNREG") else {}
     _ring_linear_kernel[plan["grid"]](
         x_desc, w_desc, bias if bias is not None else out, out, part, counters, M, N, K, out.stride(0),
         plan["runs"], plan["programs"], N2, *fold.args, BLOCK_N=block_n,
         HAS_BIAS=bias is not None, GLU=glu, SPLIT_K=split_k, STAGES=stages, EARLY=early,
         ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2, RESIDUAL=residual is not None, USE_PDL=pdl,
-        num_warps=4, launch_pdl=pdl)
+        num_warps=4, launch_pdl=pdl, **cap)
     if residual is not None:
         return out, fold.sum_squares
     return out.view(*x.shape[:-1], N)

@@ -173,7 +173,7 @@ def ring_fits(x: torch.Tensor, w: torch.Tensor) -> str | None:
 # memory: one program a multiprocessor), all of them requested before the PDL wait (EARLY, by
 # default STAGES).
 RING_DEFAULT_CONFIG = dict(BLOCK_N=128, BLOCK_K=128, STAGES=3, SPLIT_K=1)
-RING_KEYS = ("BLOCK_N", "BLOCK_K", "STAGES", "SPLIT_K", "EARLY", "SUB", "WAVES")
+RING_KEYS = ("BLOCK_N", "BLOCK_K", "STAGES", "SPLIT_K", "EARLY", "SUB", "WAVES", "MAXNREG")
 RING_SMEM_BYTES = 227 * 1024  # a Hopper block's shared memory at most (the barriers take a few bytes)
 
 
@@ -184,7 +184,11 @@ def ring_config(config: dict | None) -> dict:
     SUB > 0 is the balanced form: the rows are dealt to WAVES programs a multiprocessor (default 1)
     in runs of SUB rows, as evenly as whole runs allow, so that every program streams the same
     bytes whatever N is (the tiled form leaves a partial last wave: 224 programs of gate/up are
-    1.7 waves on 132 multiprocessors); BLOCK_N then follows from N (ring_plan), and K is not split."""
+    1.7 waves on 132 multiprocessors); BLOCK_N then follows from N (ring_plan), and K is not split.
+
+    MAXNREG caps the registers a thread at launch (0: no cap). Uncapped the ring launches at 255 for
+    its 256 threads, the whole register file, so no other program fits beside it; 128 leaves half,
+    for a second program of its own or of a neighbouring kernel (benchmarks/ring_resources.py)."""
     unknown = set(config or {}) - set(RING_KEYS)
     if unknown:
         raise ValueError(f"ring GEMM config keys {sorted(unknown)} unknown; it takes {', '.join(RING_KEYS)} "
@@ -199,6 +203,9 @@ def ring_config(config: dict | None) -> dict:
     if cfg.get("SUB", 0) not in (0, 8, 16, 32, 64) or cfg.get("WAVES", 1) < 1:
         raise ValueError(f"ring GEMM SUB={cfg.get('SUB')}, WAVES={cfg.get('WAVES')}: SUB is 0 (tiles of "
                          "BLOCK_N) or the rows of a run, one of 8, 16, 32, 64; WAVES (programs a multiprocessor) >= 1")
+    if cfg.get("MAXNREG", 0) and not (cfg["MAXNREG"] % 8 == 0 and 64 <= cfg["MAXNREG"] <= 248):
+        raise ValueError(f"ring GEMM MAXNREG={cfg['MAXNREG']}: 0 (no cap) or a multiple of 8 from 64 to 248 "
+                         "(the warp groups trade registers in steps of 8)")
     if cfg.get("SUB", 0) and cfg["SPLIT_K"] != 1:
         raise ValueError(f"ring GEMM SUB={cfg['SUB']} with SPLIT_K={cfg['SPLIT_K']}: the balanced form does not "
                          "split K; drop SPLIT_K or SUB")

@@ -79,6 +79,13 @@ RING_CONFIGS += [dict(RING_CONFIGS[0], EARLY=0)]
 RING_CONFIGS += [dict(SUB=sub, BLOCK_K=bk, STAGES=st, WAVES=wv) for sub, bk, st, wv in (
     (16, 64, 5, 1), (16, 64, 4, 1), (16, 128, 6, 1), (16, 128, 5, 1), (16, 128, 4, 1), (32, 64, 5, 1), (8, 128, 6, 1),
     (16, 64, 3, 2), (16, 64, 3, 4))]
+# ... and half-size tiles: registers capped at 128 a thread (half the register file) and at most
+# ~100 KB of shared memory, so that two programs fit a multiprocessor: two of its own, or one beside
+# a neighbouring kernel's, whose weights it can then request while that kernel drains.
+RING_CONFIGS += [dict(BLOCK_N=bn, BLOCK_K=bk, STAGES=st, SPLIT_K=sk, MAXNREG=128) for bn, bk, st, sk in (
+    (64, 128, 3, 1), (64, 128, 3, 2), (64, 128, 3, 4), (128, 64, 4, 1), (128, 64, 4, 2), (64, 64, 6, 2))]
+RING_CONFIGS += [dict(SUB=sub, BLOCK_K=bk, STAGES=st, WAVES=wv, MAXNREG=128) for sub, bk, st, wv in (
+    (16, 128, 3, 1), (16, 64, 4, 1), (16, 64, 3, 2), (16, 128, 3, 2))]
 
 
 def ring_candidates(m: int, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> list[dict]:

@@ -42,6 +42,7 @@ def test_bad_configs_name_the_key_or_value():
     for bad, needle in (({"BLOCKN": 64}, "BLOCKN"), ({"BLOCK_N": 96}, "BLOCK_N=96"), ({"STAGES": 0}, "STAGES=0"),
                         ({"SPLIT_K": 0}, "SPLIT_K=0"), ({"EARLY": -1}, "EARLY=-1"), ({"SUB": 12}, "SUB=12"),
                         ({"SUB": 16, "WAVES": 0}, "WAVES=0"), ({"SUB": 16, "SPLIT_K": 2}, "does not split K"),
+                        ({"MAXNREG": 100}, "MAXNREG=100"), ({"MAXNREG": 256}, "MAXNREG=256"),
                         ({"BLOCK_N": 256, "BLOCK_K": 128, "STAGES": 4}, "KB of shared memory")):
         with pytest.raises(ValueError, match=needle):
             ring_linear(x, w, None, bad)
@@ -71,7 +72,9 @@ def test_balanced_form_deals_every_program_the_same_runs_give_or_take_one():
                                     dict(BLOCK_N=128, BLOCK_K=128, STAGES=3, SPLIT_K=1, EARLY=0),
                                     dict(BLOCK_N=32, BLOCK_K=128, STAGES=6, SPLIT_K=4, EARLY=2),
                                     dict(SUB=16, BLOCK_K=64, STAGES=4),
-                                    dict(SUB=8, BLOCK_K=128, STAGES=3, EARLY=1)])
+                                    dict(SUB=8, BLOCK_K=128, STAGES=3, EARLY=1),
+                                    dict(BLOCK_N=64, BLOCK_K=128, STAGES=3, SPLIT_K=2, MAXNREG=128),
+                                    dict(SUB=16, BLOCK_K=64, STAGES=3, WAVES=2, MAXNREG=128)])
 @pytest.mark.parametrize("glu", [False, True])
 def test_ring_linear_matches_the_reference(device, M, N, K, config, glu):
     """N = 200 is no multiple of the tile (the last gate tile reads up rows whose columns the store
