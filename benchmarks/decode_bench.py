@@ -41,7 +41,7 @@ OVERLAP: bool | None = None  # --overlap / --no-overlap (None: EngineConfig's de
 BLOCK_SIZE: int | None = None  # --block-size (None: EngineConfig's default)
 # The decode attention keys an A/B may change over the kernel's choice (--attention-configs, and
 # step_tune's --attention-config).
-ATTENTION_TILE_KEYS = {"BLOCK_N", "num_warps", "num_stages", "maxnreg"}
+ATTENTION_TILE_KEYS = {"BLOCK_N", "num_warps", "num_stages", "maxnreg", "BT_AHEAD"}
 
 
 def build(shape: str, dtype: str = "bf16", quantization: str = "none", max_num_seqs: int = 256,
@@ -212,8 +212,11 @@ def main() -> None:
                          "kernel's choice for the batch ({} keeps it), each batch timed under each in turn, twice "
                          "(graphs recaptured each time)")
     ap.add_argument("--gemm-configs", type=table_paths,
-                    help="A/B `tune-gemm` tables, comma separated: each batch is timed under each in turn, twice "
-                         "(graphs recaptured each time); the first is also --gemm-config's if that is not given")
+                    help="A/B `tune-gemm` tables, comma separated: each batch is timed under each in turn, "
+                         "--ab-rounds times (graphs recaptured each time); the first is also --gemm-config's if that "
+                         "is not given")
+    ap.add_argument("--ab-rounds", type=int, default=2,
+                    help="rounds of a --gemm-configs or --attention-configs A/B (each variant once a round)")
     ap.add_argument("--env-variants", type=env_variants,
                     help="A/B environments, e.g. 'SHARDLINE_FOLD_NORMS=1;SHARDLINE_FOLD_NORMS=0': the whole run in a "
                          "fresh process under each in turn, --env-rounds times (switches read at import)")
@@ -235,6 +238,8 @@ def main() -> None:
             and all(isinstance(c, dict) and set(c) <= ATTENTION_TILE_KEYS for c in args.attention_configs)):
         ap.error(f"--attention-configs takes a JSON list of objects with keys from {sorted(ATTENTION_TILE_KEYS)}, "
                  f'e.g. \'[{{"num_stages": 2}}, {{"num_stages": 3}}]\'; got {args.attention_configs!r}')
+    if args.ab_rounds < 1:
+        ap.error(f"--ab-rounds must be >= 1, got {args.ab_rounds}")
     if args.block_size is not None and (args.block_size < 1 or args.block_size & (args.block_size - 1)):
         ap.error(f"--block-size {args.block_size}: a power of two, e.g. 16 or 64")
     global GEMM_CONFIG, OVERLAP, BLOCK_SIZE
@@ -275,7 +280,7 @@ def main() -> None:
         ap.error(f"--gemm-configs: {[p for p, t in tables.items() if t is None]} tuned on another GPU than "
                  f"{torch.cuda.get_device_name()}: an A/B needs tables of this one (run `shardline tune-gemm`)")
     for b in batches:
-        for variant in variants * (2 if len(variants) > 1 else 1):
+        for variant in variants * (args.ab_rounds if len(variants) > 1 else 1):
             if len(variants) > 1:
                 triton_attention.DECODE_OVERRIDE = dict(variant.get("attention", {}))
                 if "gemm_config" in variant:

@@ -63,10 +63,15 @@ def write_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
 
 
 @triton.jit
-def _load_kv_tile(cache_ptr, bt_row_ptr, offs_n, mask_n, dims, dmask, kvh,
+def _tile_blocks(bt_row_ptr, offs_n, mask_n, BLOCK_SIZE: tl.constexpr):
+    """The cache block of each sequence position offs_n (one load serves the K and the V tile)."""
+    return tl.load(bt_row_ptr + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
+
+
+@triton.jit
+def _load_kv_tile(cache_ptr, blk, offs_n, mask_n, dims, dmask, kvh,
                   stride_blk, stride_tok, stride_h, BLOCK_SIZE: tl.constexpr):
-    """[BLOCK_N, HEAD_DIM_P2] tile of one kv head for the sequence positions offs_n."""
-    blk = tl.load(bt_row_ptr + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
+    """[BLOCK_N, HEAD_DIM_P2] tile of one kv head for the sequence positions offs_n, in blocks blk."""
     base = blk * stride_blk + (offs_n % BLOCK_SIZE) * stride_tok + kvh * stride_h
     return tl.load(cache_ptr + base[:, None] + dims[None, :],
                    mask=mask_n[:, None] & dmask[None, :], other=0.0)
@@ -83,7 +88,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
-                   USE_PDL: tl.constexpr):
+                   USE_PDL: tl.constexpr, BT_AHEAD: tl.constexpr = 0):
     """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
     sequence). The kernel rotates q and the row's new key, writes the new key and value to the
     row's cache slot (skipped when the slot is < 0) and attends over the new token from registers:
@@ -122,25 +127,35 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     row64 = row.to(tl.int64)
     q_rows = q_ptr + row64 * stride_q_t + heads[:, None] * stride_q_h
     q_mask = gmask[:, None] & dmask[None, :]
+    # The new key comes from registers (ROTARY, below), not the cache.
+    hi_cached = tl.minimum(hi, kv_len - 1) if ROTARY else hi
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     if ROTARY:
         cs_row = cos_sin_ptr + tl.load(pos_ptr + row).to(tl.int64) * stride_cs
+    if BT_AHEAD:  # the first tile's blocks, before the wait: the host wrote the table before the step
+        blk_ahead = _tile_blocks(bt_row, lo + tl.arange(0, BLOCK_N), lo + tl.arange(0, BLOCK_N) < hi_cached,
+                                 BLOCK_SIZE)
+    else:
+        blk_ahead = tl.zeros([BLOCK_N], tl.int64)
     pdl_wait(USE_PDL)
     if ROTARY:
         q = load_rotated(q_rows, d[None, :], q_mask, cs_row, HALF, ROT)  # (G, D)
-        hi_cached = tl.minimum(hi, kv_len - 1)  # the new key comes from registers, below
     else:
         q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0)  # (G, D)
-        hi_cached = hi
     m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_P2], tl.float32)
     acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)
-    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     for n0 in range(lo, hi_cached, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi_cached
-        k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
+        if BT_AHEAD:  # this tile's blocks came a tile ago; ask for the next tile's now
+            blk = blk_ahead
+            blk_ahead = _tile_blocks(bt_row, offs_n + BLOCK_N, offs_n + BLOCK_N < hi_cached, BLOCK_SIZE)
+        else:
+            blk = _tile_blocks(bt_row, offs_n, mask_n, BLOCK_SIZE)
+        k = _load_kv_tile(k_cache_ptr, blk, offs_n, mask_n, d, dmask, kvh,
                           stride_k_blk, stride_k_tok, stride_k_h, BLOCK_SIZE)  # (N, D)
-        v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
+        v = _load_kv_tile(v_cache_ptr, blk, offs_n, mask_n, d, dmask, kvh,
                           stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2  # (G, N)
         s = tl.where(mask_n[None, :], s, float("-inf"))
@@ -212,9 +227,10 @@ def _attend_tile(q, acc, l_i, m_i, q_pos, n0, kv_end, k_cache_ptr, v_cache_ptr, 
     """One online-softmax step of the prefill kernel over keys [n0, n0 + BLOCK_N)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mask_n = offs_n < kv_end
-    k = _load_kv_tile(k_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
+    blk = _tile_blocks(bt_row, offs_n, mask_n, BLOCK_SIZE)
+    k = _load_kv_tile(k_cache_ptr, blk, offs_n, mask_n, d, dmask, kvh,
                       stride_k_blk, stride_k_tok, stride_k_h, BLOCK_SIZE)
-    v = _load_kv_tile(v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh,
+    v = _load_kv_tile(v_cache_ptr, blk, offs_n, mask_n, d, dmask, kvh,
                       stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
     s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2  # (M, N)
     if CAUSAL_MASK:

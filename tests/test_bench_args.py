@@ -83,7 +83,8 @@ def test_decode_bench_names_bad_attention_tiles_and_block_sizes_before_the_gpu()
     from pathlib import Path
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_bench.py"
     cases = [(["--attention-configs", '[{}, {"stages": 1}]'], "--attention-configs takes a JSON list"),
-             (["--block-size", "48"], "--block-size 48: a power of two")]
+             (["--block-size", "48"], "--block-size 48: a power of two"),
+             (["--ab-rounds", "0"], "--ab-rounds must be >= 1")]
     for flags, says in cases:
         out = subprocess.run([sys.executable, str(script), "--batches", "64", *flags],
                              capture_output=True, text=True, timeout=120, check=False)
