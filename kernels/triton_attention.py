@@ -88,7 +88,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
-                   USE_PDL: tl.constexpr, BT_AHEAD: tl.constexpr = 0):
+                   USE_PDL: tl.constexpr):
     """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
     sequence). The kernel rotates q and the row's new key, writes the new key and value to the
     row's cache slot (skipped when the slot is < 0) and attends over the new token from registers:
@@ -132,11 +132,6 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     if ROTARY:
         cs_row = cos_sin_ptr + tl.load(pos_ptr + row).to(tl.int64) * stride_cs
-    if BT_AHEAD:  # the first tile's blocks, before the wait: the host wrote the table before the step
-        blk_ahead = _tile_blocks(bt_row, lo + tl.arange(0, BLOCK_N), lo + tl.arange(0, BLOCK_N) < hi_cached,
-                                 BLOCK_SIZE)
-    else:
-        blk_ahead = tl.zeros([BLOCK_N], tl.int64)
     pdl_wait(USE_PDL)
     if ROTARY:
         q = load_rotated(q_rows, d[None, :], q_mask, cs_row, HALF, ROT)  # (G, D)
@@ -148,11 +143,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     for n0 in range(lo, hi_cached, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi_cached
-        if BT_AHEAD:  # this tile's blocks came a tile ago; ask for the next tile's now
-            blk = blk_ahead
-            blk_ahead = _tile_blocks(bt_row, offs_n + BLOCK_N, offs_n + BLOCK_N < hi_cached, BLOCK_SIZE)
-        else:
-            blk = _tile_blocks(bt_row, offs_n, mask_n, BLOCK_SIZE)
+        blk = _tile_blocks(bt_row, offs_n, mask_n, BLOCK_SIZE)
         k = _load_kv_tile(k_cache_ptr, blk, offs_n, mask_n, d, dmask, kvh,
                           stride_k_blk, stride_k_tok, stride_k_h, BLOCK_SIZE)  # (N, D)
         v = _load_kv_tile(v_cache_ptr, blk, offs_n, mask_n, d, dmask, kvh,

@@ -114,16 +114,14 @@ def test_decode_triton(device, dtype, num_heads, num_kv_heads, head_dim, one_row
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_n,warps,stages,bt_ahead", [(32, 2, 3, 0), (128, 8, 4, 0), (64, 4, 2, 1), (32, 4, 3, 1)])
-def test_decode_configs(device, block_n, warps, stages, bt_ahead):
-    """Tiles and depths, and BT_AHEAD: each tile's block ids loaded a tile ahead (the first tile's
-    before the PDL wait)."""
+@pytest.mark.parametrize("block_n,warps,stages", [(32, 2, 3), (128, 8, 4)])
+def test_decode_configs(device, block_n, warps, stages):
     from shardline.kernels.triton_attention import paged_attention_triton
     if not _dispatch.use_triton(torch.empty(0, device=device)):
         pytest.skip("the Triton kernel itself is under test")
     ctx = [1000, 1, 250, 64] if device == "cuda" else [200, 1]
     q, kw = make_paged_batch([(c, 1) for c in ctx], 8, 2, 64, dtype=torch.float16, device=device)
-    cfg = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, BT_AHEAD=bt_ahead)
+    cfg = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages)
     out = paged_attention_triton(q, **kw, decode_config=cfg)
     assert_close(out, paged_attention_ref(q, **kw), f"decode with {cfg}")
 
@@ -257,8 +255,7 @@ def _decode_step_with_new_tokens(ctx, nh, nkv, hd, dtype, device, padding_rows=0
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("nh,nkv,hd,rd", [(6, 2, 64, 64), (32, 8, 128, 128), (4, 4, 96, 48)])
 @pytest.mark.parametrize("num_splits", [1, 2, 8])
-@pytest.mark.parametrize("bt_ahead", [0, 1])
-def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_splits, bt_ahead):
+def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_splits):
     """One kernel (rotary, cache write, attention over the new token from registers) against the
     references run in turn, with context splits that do and do not hold the new token alone."""
     from shardline.kernels.rotary import apply_rotary_and_write_kv_ref, rotary_cos_sin
@@ -277,10 +274,8 @@ def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_spli
     want = paged_attention_ref(torch.cat([rq, q[real:]]), **ref_kw)
     before_k, before_v = kw["k_cache"].clone(), kw["v_cache"].clone()
     poison_allocator(q)
-    from shardline.kernels.triton_attention import decode_config_for
     out = paged_attention_triton(q, **kw, max_query_len=1, num_splits=num_splits,
-                                 rotary=(k, v, positions, cos_sin, rd, slots),
-                                 decode_config=dict(decode_config_for(len(ctx)), BT_AHEAD=bt_ahead))
+                                 rotary=(k, v, positions, cos_sin, rd, slots))
     assert_close(out[:real], want[:real], f"attention with rotary fused, {num_splits} splits")
     assert torch.isfinite(out).all(), "padding rows must not produce NaN"
     written = torch.zeros(kw["k_cache"].shape[:2], dtype=torch.bool, device=device).view(-1)

@@ -139,7 +139,9 @@ def test_tuned_stream_k_keeps_bf16_greedy_choices(models, tmp_path):
 
 
 @pytest.mark.parametrize("ring", [dict(BLOCK_N=64, BLOCK_K=64, STAGES=3, SPLIT_K=2),
-                                  dict(SUB=16, BLOCK_K=64, STAGES=3)], ids=["tiled", "balanced"])
+                                  dict(SUB=16, BLOCK_K=64, STAGES=3),
+                                  dict(BLOCK_N=64, BLOCK_K=128, STAGES=4, SPLIT_K=2, MAXNREG=128)],
+                         ids=["tiled", "balanced", "capped"])
 def test_tuned_ring_gemm_keeps_bf16_greedy_choices(models, tmp_path, ring):
     """Every linear at 2-64 rows through the ring GEMM (Gluon, Hopper), tiled with K split or in
     its balanced form: SwiGLU in its epilogue where the MLP is gated, biases where the model has
