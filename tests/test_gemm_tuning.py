@@ -3,7 +3,9 @@ and fall back cleanly when the file is missing or from another GPU."""
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,3 +193,18 @@ def test_ring_candidates_only_where_the_ring_gemm_runs():
     assert balanced and all(any(fits(c, n // 2 if name == "up_proj" else n, k, name == "up_proj")
                                 for name, (n, k) in shapes.items()) for c in balanced), \
         "every balanced ring fits some Llama-3-8B linear on an H200 (the others skip it with a ValueError)"
+
+
+def test_the_h200_table_tunes_every_projection_at_the_same_batches():
+    """A batch takes the smallest tuned M at or above it, per linear: a projection without a bucket
+    the others have runs those rows on a larger bucket's entry (bucket_gaps). The committed table
+    had none at 16 rows for gate/up and down, which then ran batch 32's: 5.0 ms a step against 4.5."""
+    from shardline.gemm_tuning import bucket_gaps
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gemm-h200-decode.json"
+    data = json.loads(path.read_text())
+    table = GemmTable(data["gpu"], {k: {int(m): e for m, e in d.items()} for k, d in data["entries"].items()})
+    shapes = linear_shapes(ModelConfig(**LLAMA3_8B))
+    assert bucket_gaps(table, shapes, torch.bfloat16) == {}
+    assert {16, 32, 64} <= set(table.entries[key(*shapes["up_proj"], torch.bfloat16, torch.bfloat16)])
+    table.entries[key(*shapes["down_proj"], torch.bfloat16, torch.bfloat16)].pop(16)
+    assert bucket_gaps(table, shapes, torch.bfloat16) == {"down_proj": [16]}
