@@ -21,7 +21,7 @@ import statistics
 import torch
 
 from benchmarks import decode_bench
-from shardline import gemm_tuning, step_tuning
+from shardline import step_tuning
 from shardline.config import ModelConfig
 from shardline.gemm_tuning import GemmTable
 from shardline.model.random_weights import SHAPES
@@ -106,8 +106,8 @@ def main() -> None:
                               "rounds": [round(x, 4) for x in t]}), flush=True)
     table.save(args.out)
     print(f"wrote {args.out}", flush=True)
-    gaps = gemm_tuning.bucket_gaps(table, gemm_tuning.linear_shapes(cfg), torch.bfloat16)
-    if gaps and not args.quant:
+    gaps = engine.model.gemm_bucket_gaps(table)
+    if gaps:
         print(f"warning: {gaps} lack batches the other projections have, and borrow a larger batch's entries "
               f"there; refine those batches for every linear (--linears {','.join(step_tuning.LINEARS)})", flush=True)
     for _ in range(2):

@@ -186,15 +186,21 @@ class GemmTable:
         return cls(gpu, {k: {int(m): v for m, v in d.items()} for k, d in data["entries"].items()})
 
 
-def bucket_gaps(table: GemmTable, shapes: dict[str, tuple[int, int]], dtype: torch.dtype) -> dict[str, list[int]]:
-    """Per projection, the batch buckets (above one row) that another projection has an entry for
-    and it lacks. Rows of such a bucket run it on a larger bucket's entry, one chosen beside other
-    neighbours (16 rows on batch 32's gate/up and down entries ran 5.0 ms a step on the H200 against
-    4.5 with their own). The head is left out: its rows fill the GPU at any batch."""
-    have = {name: {m for m in table.entries.get(key(n, k, dtype, dtype), {}) if m > 1}
-            for name, (n, k) in shapes.items() if name != "lm_head"}
+def bucket_gaps(table: GemmTable, keys: dict[str, str]) -> dict[str, list[int]]:
+    """Per projection (name -> its table key, `key(...)`), the batch buckets above one row that
+    another projection has an entry for and it lacks. Rows of such a bucket run it on a larger
+    bucket's entry, one chosen beside other neighbours (16 rows on batch 32's gate/up and down
+    entries ran 5.0 ms a step on the H200 against 4.5 with their own). Leave the head out: its rows
+    fill the GPU at any batch."""
+    have = {name: {m for m in table.entries.get(k, {}) if m > 1} for name, k in keys.items()}
     every = set().union(*have.values()) if have else set()
     return {name: sorted(every - ms) for name, ms in have.items() if every - ms}
+
+
+def projection_keys(shapes: dict[str, tuple[int, int]], w_dtype: torch.dtype,
+                    x_dtype: torch.dtype) -> dict[str, str]:
+    """The table keys of a layer's projections (linear_shapes' names, the head left out)."""
+    return {name: key(n, k, w_dtype, x_dtype) for name, (n, k) in shapes.items() if name != "lm_head"}
 
 
 def linear_shapes(cfg: ModelConfig, tp: int = 1) -> dict[str, tuple[int, int]]:

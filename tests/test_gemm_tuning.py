@@ -199,12 +199,32 @@ def test_the_h200_table_tunes_every_projection_at_the_same_batches():
     """A batch takes the smallest tuned M at or above it, per linear: a projection without a bucket
     the others have runs those rows on a larger bucket's entry (bucket_gaps). The committed table
     had none at 16 rows for gate/up and down, which then ran batch 32's: 5.0 ms a step against 4.5."""
-    from shardline.gemm_tuning import bucket_gaps
+    from shardline.gemm_tuning import bucket_gaps, projection_keys
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gemm-h200-decode.json"
     data = json.loads(path.read_text())
     table = GemmTable(data["gpu"], {k: {int(m): e for m, e in d.items()} for k, d in data["entries"].items()})
     shapes = linear_shapes(ModelConfig(**LLAMA3_8B))
-    assert bucket_gaps(table, shapes, torch.bfloat16) == {}
+    keys = projection_keys(shapes, torch.bfloat16, torch.bfloat16)
+    assert bucket_gaps(table, keys) == {}
     assert {16, 32, 64} <= set(table.entries[key(*shapes["up_proj"], torch.bfloat16, torch.bfloat16)])
     table.entries[key(*shapes["down_proj"], torch.bfloat16, torch.bfloat16)].pop(16)
-    assert bucket_gaps(table, shapes, torch.bfloat16) == {"down_proj": [16]}
+    assert bucket_gaps(table, keys) == {"down_proj": [16]}
+
+
+def test_a_model_names_the_projections_a_table_leaves_without_a_bucket():
+    """What the stage worker warns about when it loads a table: its own projections' keys (the
+    weights' dtype, the model's), checked with bucket_gaps."""
+    from shardline.model.random_weights import LLAMA_SMALL, random_manifest, random_stage_weights
+    from shardline.model.transformer import StageModel
+    from shardline.parallel import single_rank
+    cfg = ModelConfig(**LLAMA_SMALL)
+    weights = random_stage_weights(random_manifest(cfg, "fp32"), 0, 0, "cpu", seed=3)
+    model = StageModel(cfg, single_rank(), weights, 0, cfg.num_layers, True, True)
+    layer, f32 = model.layers[0], torch.float32
+    entry = {"impl": "cublas", "config": None}
+    table = GemmTable("cpu", {key(*lin.weight.shape, f32, f32): {16: entry, 64: entry}
+                              for lin in (layer.qkv_proj, layer.o_proj, layer.up_proj, layer.down_proj)})
+    assert model.gemm_bucket_gaps(table) == {}
+    table.entries[key(*layer.o_proj.weight.shape, f32, f32)].pop(16)
+    table.entries[key(*layer.o_proj.weight.shape, f32, f32)][1] = entry  # one row never counts
+    assert model.gemm_bucket_gaps(table) == {"o_proj": [16]}

@@ -90,6 +90,11 @@ class StageEngine:
             table = GemmTable.load(config.gemm_config, self.device)
             if table is not None:
                 self.model.configure_gemms(table)
+                gaps = self.model.gemm_bucket_gaps(table)
+                if gaps:
+                    log.warning("GEMM config %s: %s lack batch buckets the other projections have, so those "
+                                "rows run them on a larger bucket's entries; re-run `shardline tune-gemm "
+                                "--batches ...` covering every bucket for every linear", config.gemm_config, gaps)
         num_kv_heads = cfg.num_kv_heads // tp.size
         num_blocks = config.num_blocks or plan_num_blocks(
             int(self._kv_budget() * kv_share), self.spec.num_layers, config.block_size, num_kv_heads, cfg.head_dim, self.dtype)

@@ -232,6 +232,16 @@ class StageModel:
         for lin in self.linears():
             lin.gemms = table
 
+    def gemm_bucket_gaps(self, table) -> dict[str, list[int]]:
+        """The batch buckets each projection lacks in `table` that another has (gemm_tuning.bucket_gaps)."""
+        from shardline.gemm_tuning import bucket_gaps, key
+        if not self.layers:
+            return {}
+        layer = self.layers[0]
+        return bucket_gaps(table, {name: key(*lin.weight.shape, lin.weight.dtype, self.dtype) for name, lin in
+                                   (("qkv_proj", layer.qkv_proj), ("o_proj", layer.o_proj),
+                                    ("up_proj", layer.up_proj), ("down_proj", layer.down_proj))})
+
     @property
     def num_layers(self) -> int:
         return self.layer_end - self.layer_start
