@@ -79,14 +79,9 @@ RING_CONFIGS += [dict(RING_CONFIGS[0], EARLY=0)]
 RING_CONFIGS += [dict(SUB=sub, BLOCK_K=bk, STAGES=st, WAVES=wv) for sub, bk, st, wv in (
     (16, 64, 5, 1), (16, 64, 4, 1), (16, 128, 6, 1), (16, 128, 5, 1), (16, 128, 4, 1), (32, 64, 5, 1), (8, 128, 6, 1),
     (16, 64, 3, 2), (16, 64, 3, 4))]
-# Each of those but the 256-row tile (its accumulator alone is 128 registers a thread) also with
-# registers capped at 128 a thread (MAXNREG): uncapped the ring takes the whole register file, so
-# no program of a neighbouring kernel lands beside it (the decode attention's, or the next product's
-# that would request its weights while this one drains). And half-size tiles, capped, at most
-# ~100 KB of shared memory, so that two programs fit a multiprocessor with their rings.
-RING_CONFIGS += [dict(c, MAXNREG=128) for c in RING_CONFIGS if c.get("BLOCK_N", 0) <= 128 and "EARLY" not in c]
-RING_CONFIGS += [dict(BLOCK_N=bn, BLOCK_K=bk, STAGES=st, SPLIT_K=sk, MAXNREG=128) for bn, bk, st, sk in (
-    (64, 128, 3, 1), (64, 128, 3, 2), (128, 64, 4, 1), (64, 64, 6, 2))]
+# The ring's MAXNREG key (registers capped, so another program fits beside it) is no candidate:
+# capped twins of these tiles and half-size capped tiles gained nothing in the H200's step, and
+# the half-size ones lost 0.1-0.8 ms (docs/benchmarks.md, 2026-11-30 i).
 
 
 def ring_candidates(m: int, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> list[dict]:
