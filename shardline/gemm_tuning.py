@@ -172,13 +172,18 @@ class GemmTable:
         if not p.is_file():
             log.warning("GEMM config %s not found; using default GEMM choices (run `shardline tune-gemm`)", p)
             return None
-        data = json.loads(p.read_text())
+        table = cls.read(p)
         gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        if data.get("gpu") != gpu:
-            log.warning("GEMM config %s was tuned on %r, this is %r; using default GEMM choices",
-                        p, data.get("gpu"), gpu)
+        if table.gpu != gpu:
+            log.warning("GEMM config %s was tuned on %r, this is %r; using default GEMM choices", p, table.gpu, gpu)
             return None
-        return cls(gpu, {k: {int(m): v for m, v in d.items()} for k, d in data["entries"].items()})
+        return table
+
+    @classmethod
+    def read(cls, path: str | Path) -> "GemmTable":
+        """The table in the file, whichever GPU it was tuned on (`load` is the engine's, which checks)."""
+        data = json.loads(Path(path).read_text())
+        return cls(data.get("gpu"), {k: {int(m): v for m, v in d.items()} for k, d in data["entries"].items()})
 
 
 def bucket_gaps(table: GemmTable, keys: dict[str, str]) -> dict[str, list[int]]:
@@ -190,12 +195,6 @@ def bucket_gaps(table: GemmTable, keys: dict[str, str]) -> dict[str, list[int]]:
     have = {name: {m for m in table.entries.get(k, {}) if m > 1} for name, k in keys.items()}
     every = set().union(*have.values()) if have else set()
     return {name: sorted(every - ms) for name, ms in have.items() if every - ms}
-
-
-def projection_keys(shapes: dict[str, tuple[int, int]], w_dtype: torch.dtype,
-                    x_dtype: torch.dtype) -> dict[str, str]:
-    """The table keys of a layer's projections (linear_shapes' names, the head left out)."""
-    return {name: key(n, k, w_dtype, x_dtype) for name, (n, k) in shapes.items() if name != "lm_head"}
 
 
 def linear_shapes(cfg: ModelConfig, tp: int = 1) -> dict[str, tuple[int, int]]:
