@@ -1,4 +1,4 @@
-"""Where a decode step's time goes, Llama-3-8B shape.
+"""Where a decode step's time goes, Llama-3-8B shape (or another of decode_bench's: --shape gptj-6b).
 
     python -m benchmarks.profile_decode --batch 1 [--quant int8]    # GPU kernels of one eager step
     python -m benchmarks.profile_decode --batch 256 --generate      # host + device of whole steps
@@ -132,6 +132,7 @@ def print_timeline(pipeline, batch: int, replays: int = 5, context: int = 192, r
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--shape", default="llama3-8b", help="a model shape decode_bench builds (llama3-8b, gptj-6b)")
     ap.add_argument("--quant", choices=["int8", "fp8"], help="weight-only quantization")
     ap.add_argument("--rows", type=int, default=18)
     ap.add_argument("--generate", action="store_true", help="profile whole generate() steps, host included")
@@ -140,7 +141,7 @@ def main() -> None:
     ap.add_argument("--gemm-config", help="use `shardline tune-gemm` choices, as decode_bench.py does")
     args = ap.parse_args()
     decode_bench.GEMM_CONFIG = args.gemm_config
-    pipeline = build("llama3-8b", quantization=f"{args.quant}-weight-only" if args.quant else "none",
+    pipeline = build(args.shape, quantization=f"{args.quant}-weight-only" if args.quant else "none",
                      max_num_seqs=max(args.batch, 16))
     if args.generate:
         prompts = torch.randint(0, 1000, (args.batch, 128)).tolist()

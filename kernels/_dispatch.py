@@ -14,6 +14,9 @@ The only place the kernels read the environment, once, at import:
     SHARDLINE_FOLD_NORMS=0       decode steps keep their RMSNorm kernels instead of folding the norms
                                  into the products' epilogues (model/transformer.py; the weights are
                                  folded either way): an A/B switch
+    SHARDLINE_GEMV_LAYERNORM=0   batch-1 decode leaves LayerNorm layers (GPT-J, GPT-2) to separate
+                                 norm, activation and add kernels instead of fusing them into the
+                                 GEMVs (model/transformer.py): an A/B switch
     TRITON_INTERPRET=1           Triton's own interpreter switch; with it, CPU tensors take the
                                  Triton path too (slow; lets kernel tests run without a GPU)
 
@@ -33,6 +36,7 @@ GLUON_DISABLED = os.environ.get("SHARDLINE_DISABLE_GLUON", "0") not in ("", "0")
 TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 PDL_DISABLED = os.environ.get("SHARDLINE_PDL", "1") in ("", "0")
 FOLD_NORMS = os.environ.get("SHARDLINE_FOLD_NORMS", "1") not in ("", "0")
+GEMV_LAYERNORM = os.environ.get("SHARDLINE_GEMV_LAYERNORM", "1") not in ("", "0")
 GEMV_PDL_ENABLED = {"": None, "0": False}.get(os.environ.get("SHARDLINE_GEMV_PDL", ""), True)
 
 

@@ -1,6 +1,8 @@
 """CUDA C GEMV for decode at batch 1 (CuPy compiles it with NVRTC), the same fused op as
 triton_gemv.py: optional residual add + RMSNorm before the product, optional SwiGLU after, int8
-or fp8 weights with a per-row scale.
+or fp8 weights with a per-row scale. Beyond the Triton kernel, for GPT-2/GPT-J-style layers:
+LayerNorm with its bias (LN) in place of RMSNorm, GELU after the product (GELU), and another
+product's output added to this one's before its bias (ADD: a parallel residual's two partials).
 
 A batch-1 decode step is a weight stream, and the time it loses is at the edges of ~130 short
 kernels. Three forms of one kernel, picked by the tiles (`resolve_tiles`):
@@ -60,6 +62,11 @@ __device__ __forceinline__ u16 f2x(float f) {
     return h;
 }
 __device__ __forceinline__ float round_x(float f) { return x2f(f2x(f)); }
+
+// GPT-2/GPT-J's GELU ("gelu_new"): 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), in fp32.
+__device__ __forceinline__ float gelu_tanh(float x) {
+    return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
 
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     uint4 v;
@@ -125,19 +132,66 @@ __device__ __forceinline__ void load_h(const uint4* __restrict__ x, const uint4*
 }
 
 // One output from its row's sum y (and with GLU the up row's sum up): times the row's scale, plus
-// its bias (scale[i], bias[i] for the gate or plain row, [i_up] for the up row), then SwiGLU,
-// rounded where the unfused kernels round. scale and bias may live in global or shared memory.
-__device__ __forceinline__ u16 finish_output(float y, float up, const u16* scale, const u16* bias, int i, int i_up) {
+// its bias (scale[i], bias[i] for the gate or plain row, [i_up] for the up row), then SwiGLU or
+// GELU, rounded where the unfused kernels round. scale and bias may live in global or shared
+// memory. With ADD, `a` (the output's addend, in x's dtype) goes on before the bias, in the
+// unfused order: the product rounded, the partial sums added and rounded, then the bias.
+__device__ __forceinline__ u16 finish_output(float y, float up, const u16* scale, const u16* bias, int i, int i_up,
+                                             float a) {
     if (HAS_SCALE) y *= x2f(scale[i]);
+    if (ADD) {
+        y = round_x(round_x(y) + a);
+        if (HAS_BIAS) y += x2f(bias[i]);
+        return f2x(y);
+    }
     if (HAS_BIAS) y += x2f(bias[i]);
     if (GLU) {
         if (HAS_SCALE) up *= x2f(scale[i_up]);
         if (HAS_BIAS) up += x2f(bias[i_up]);
         const float g = round_x(y);
         y = round_x(g / (1.f + __expf(-g))) * round_x(up);
+    } else if (GELU) {
+        y = gelu_tanh(round_x(y));
     }
     return f2x(y);
 }
+
+// A sum over the block's nwarps warps, through red[] (nwarps floats; free again on return).
+__device__ __forceinline__ float block_sum(float v, float* red, int nwarps) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float total = 0.f;
+    for (int i = 0; i < nwarps; ++i) total += red[i];
+    __syncthreads();
+    return total;
+}
+
+#if LN
+// LayerNorm's statistics of h = x (+ residual) over its K values, by all the block's threads: the
+// mean, then 1 / sqrt(the variance about it + eps) (two passes, as the unfused kernel sums).
+__device__ __forceinline__ void ln_stats(const uint4* __restrict__ x, const uint4* __restrict__ res, int K, float eps,
+                                         float* red, float& mean, float& rstd) {
+    const int nwarps = blockDim.x >> 5;
+    float sum = 0.f;
+    for (int q = threadIdx.x; q < K / 8; q += blockDim.x) {
+        float v[8];
+        load_h(x, res, q, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sum += v[i];
+    }
+    mean = block_sum(sum, red, nwarps) / K;
+    float sq = 0.f;
+    for (int q = threadIdx.x; q < K / 8; q += blockDim.x) {
+        float v[8];
+        load_h(x, res, q, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sq = fmaf(v[i] - mean, v[i] - mean, sq);
+    }
+    rstd = rsqrtf(block_sum(sq, red, nwarps) / K + eps);
+}
+#endif
 
 #if !MMA && !BULK
 #define NW (ROWS * (GLU ? 2 : 1))
@@ -145,7 +199,8 @@ __device__ __forceinline__ u16 finish_output(float y, float up, const u16* scale
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __restrict__ res,
      const uint4* __restrict__ norm_w, uint4* __restrict__ res_out, const u16* __restrict__ scale,
-     const u16* __restrict__ bias, u16* __restrict__ out, int N, int K, float eps)
+     const u16* __restrict__ bias, u16* __restrict__ out, int N, int K, float eps,
+     const uint4* __restrict__ norm_b, const u16* __restrict__ add)
 {
     // x as the product reads it (fp32, after the residual add and norm weight), stored so that
     // float4 j of 16-byte chunk c sits at xs[j * chunks + c]: lanes read consecutive float4s.
@@ -179,6 +234,12 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 #endif
 
     float sum_sq = 0.f;
+#if LN
+    // LayerNorm: x is stored normed (and rounded, as the unfused norm's output), so the sums need
+    // no rstd after.
+    float mean, ln_rstd;
+    ln_stats(x, res, K, eps, partial_sq, mean, ln_rstd);
+#endif
     for (int q = threadIdx.x; q < K / 8; q += WARPS * 32) {
         float v[8];
         load_h(x, res, q, v);
@@ -186,24 +247,31 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
         if (NORM) {
             float g[8];
             unpack8(norm_w[q], g);
+#if LN
+            float b[8];
+            unpack8(norm_b[q], b);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = round_x(fmaf((v[i] - mean) * ln_rstd, g[i], b[i]));
+#else
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 sum_sq = fmaf(v[i], v[i], sum_sq);
                 v[i] *= g[i];
             }
+#endif
         }
         const int c = q / (EPC / 8), j = 2 * (q % (EPC / 8));
         xs[j * chunks + c] = make_float4(v[0], v[1], v[2], v[3]);
         xs[(j + 1) * chunks + c] = make_float4(v[4], v[5], v[6], v[7]);
     }
     float rstd = 1.f;
-    if (NORM) {
+    if (NORM && !LN) {
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, off);
         if (lane == 0) partial_sq[warp] = sum_sq;
     }
     __syncthreads();
-    if (NORM) {
+    if (NORM && !LN) {
         sum_sq = 0.f;
 #pragma unroll
         for (int i = 0; i < WARPS; ++i) sum_sq += partial_sq[i];
@@ -252,7 +320,8 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
         for (int r = 0; r < ROWS; ++r) {
             const int n = (group * WARPS + warp) * ROWS + r;
             if (lane != r || n >= N) continue;
-            out[n] = finish_output(acc[r] * rstd, acc[NW - ROWS + r] * rstd, scale, bias, n, N + n);
+            out[n] = finish_output(acc[r] * rstd, acc[NW - ROWS + r] * rstd, scale, bias, n, N + n,
+                                   ADD ? x2f(add[n]) : 0.f);
         }
         group += gridDim.x;
         if (group >= groups) break;
@@ -448,7 +517,8 @@ __device__ __forceinline__ int lane_chunk(int i, int lane, int warp, int chunks)
 extern "C" __global__ void __launch_bounds__((WARPS + 1) * 32)
 gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __restrict__ res,
      const uint4* __restrict__ norm_w, uint4* __restrict__ res_out, const u16* __restrict__ scale,
-     const u16* __restrict__ bias, u16* __restrict__ out, int N, int K, float eps)
+     const u16* __restrict__ bias, u16* __restrict__ out, int N, int K, float eps,
+     const uint4* __restrict__ norm_b, const u16* __restrict__ add)
 {
     extern __shared__ __align__(128) unsigned char stages[];  // STAGES x NR rows of K weights, row params
     __shared__ u64 full[STAGES], empty[STAGES];
@@ -512,12 +582,19 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
         }
     }
     uint4 gw[CPL][EPC / 8];  // the norm weight over this lane's chunks
+#if LN
+    uint4 gb[CPL][EPC / 8];  // and the LayerNorm's bias
+#endif
 #pragma unroll
     for (int i = 0; i < CPL; ++i) {
         const int c = warp < WARPS ? lane_chunk(i, lane, warp, chunks) : -1;
 #pragma unroll
-        for (int h8 = 0; h8 < EPC / 8; ++h8)
+        for (int h8 = 0; h8 < EPC / 8; ++h8) {
             gw[i][h8] = NORM && c >= 0 ? norm_w[c * (EPC / 8) + h8] : make_uint4(0, 0, 0, 0);
+#if LN
+            gb[i][h8] = c >= 0 ? norm_b[c * (EPC / 8) + h8] : make_uint4(0, 0, 0, 0);
+#endif
+        }
     }
 #if USE_PDL
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -530,7 +607,7 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
     // the lanes of one segment hold the same chunks, and the first SEGS groups own them). Block 0
     // writes h out.
     u32 hp[CPL][EPC / 2];
-    float sum_sq = 0.f;
+    float sum_sq = 0.f, sum = 0.f;  // (sum: LN's mean)
     const bool owner = !MMA || (lane >> 2) < SEGS;
 #pragma unroll
     for (int i = 0; i < CPL; ++i) {
@@ -546,11 +623,27 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 #pragma unroll
             for (int e = 0; e < 8; e += 2) {
                 if (owner) sum_sq = fmaf(v[e], v[e], fmaf(v[e + 1], v[e + 1], sum_sq));
+                if (LN && owner) sum += v[e] + v[e + 1];
                 hp[i][4 * h8 + e / 2] = (u32)f2x(v[e]) | ((u32)f2x(v[e + 1]) << 16);
             }
         }
     }
     float rstd = 1.f;
+#if LN
+    // LayerNorm: the mean, then the variance about it from h in registers (the producer adds 0).
+    const float mean = block_sum(sum, partial_sq, WARPS + 1) / K;
+    float sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+        const int c = warp < WARPS ? lane_chunk(i, lane, warp, chunks) : -1;
+#pragma unroll
+        for (int e = 0; e < EPC / 2; ++e) {
+            const float d0 = x2f((u16)(hp[i][e] & 0xffffu)) - mean, d1 = x2f((u16)(hp[i][e] >> 16)) - mean;
+            if (owner && c >= 0) sq = fmaf(d0, d0, fmaf(d1, d1, sq));
+        }
+    }
+    rstd = rsqrtf(block_sum(sq, partial_sq, WARPS + 1) / K + eps);
+#else
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, off);
     if (lane == 0) partial_sq[warp] = sum_sq;
@@ -561,13 +654,14 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
         for (int i = 0; i <= WARPS; ++i) sum_sq += partial_sq[i];
         rstd = rsqrtf(sum_sq / K + eps);
     }
+#endif
 
     if (warp == WARPS) {
         // Producer: the rest of the ring, now that x is in; then refill each stage as soon as the
         // warps are done with it, and finish its rows.
         if (lane == 0)
             for (int i = PRE; i < min(STAGES, count); ++i) issue(i);
-        const float post = MMA ? 1.f : rstd;  // the MMA's x is normed already
+        const float post = MMA || LN ? 1.f : rstd;  // the MMA's x (and LN's) is normed already
         for (int i = 0; i < count; ++i) {
             const int s = i % STAGES;
             const u32 parity = (i / STAGES) & 1;
@@ -583,7 +677,7 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
                 }
                 const int j = n - n_lo;
                 out[n] = finish_output(y * post, up * post, row_params, row_params + (HAS_SCALE ? params_stride : 0),
-                                       j, n_rows + j);
+                                       j, n_rows + j, ADD ? x2f(add[n]) : 0.f);
             }
         }
         if (lane == 0) stamp(7), stamp(8);
@@ -609,19 +703,30 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
         for (int h8 = 0; h8 < EPC / 8; ++h8) {
             float g[8] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f};
             if (NORM && c >= 0) unpack8(gw[i][h8], g);
+#if LN
+            float b[8];
+            unpack8(gb[i][h8], b);
+#endif
 #pragma unroll
             for (int e = 0; e < 8; e += 2) {
                 const u32 pair = hp[i][4 * h8 + e / 2];
                 float v0 = x2f((u16)(pair & 0xffffu)), v1 = x2f((u16)(pair >> 16));
+#if LN
+                // LayerNorm's output as the unfused norm rounds it (the MMA's type rounds it below), and
+                // no rstd on the sums (post = 1)
+                v0 = fmaf((v0 - mean) * rstd, g[e], b[e]);
+                v1 = fmaf((v1 - mean) * rstd, g[e + 1], b[e + 1]);
+                if (!MMA) { v0 = round_x(v0); v1 = round_x(v1); }
+#endif
 #if MMA
-                if (NORM) { v0 = round_x(v0 * rstd) * g[e]; v1 = round_x(v1 * rstd) * g[e + 1]; }
+                if (NORM && !LN) { v0 = round_x(v0 * rstd) * g[e]; v1 = round_x(v1 * rstd) * g[e + 1]; }
                 xb[i][4 * h8 + e / 2] = to_mma_pair(v0, v1);
 #elif XQ
-                xf[8 * h8 + e] = v0 * g[e];
-                xf[8 * h8 + e + 1] = v1 * g[e + 1];
+                xf[8 * h8 + e] = LN ? v0 : v0 * g[e];  // (LN's norm weight is applied above)
+                xf[8 * h8 + e + 1] = LN ? v1 : v1 * g[e + 1];
 #else
-                xr[i][8 * h8 + e] = v0 * g[e];
-                xr[i][8 * h8 + e + 1] = v1 * g[e + 1];
+                xr[i][8 * h8 + e] = LN ? v0 : v0 * g[e];
+                xr[i][8 * h8 + e + 1] = LN ? v1 : v1 * g[e + 1];
 #endif
             }
         }
@@ -729,7 +834,8 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __restrict__ res,
      const uint4* __restrict__ norm_w, uint4* __restrict__ res_out, const u16* __restrict__ scale,
-     const u16* __restrict__ bias, u16* __restrict__ out, int N, int K, float eps)
+     const u16* __restrict__ bias, u16* __restrict__ out, int N, int K, float eps,
+     const uint4* __restrict__ norm_b, const u16* __restrict__ add)
 {
     extern __shared__ uint4 xs[];  // x as half2 pairs, zero-padded to whole steps
     __shared__ float partial_sq[WARPS];
@@ -758,9 +864,14 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
 
-    // x -> shared memory: h = x (+ residual), then h * rstd * norm_w, rounded to the MMA's type.
+    // x -> shared memory: h = x (+ residual), then h * rstd * norm_w (LN: (h - mean) * rstd * norm_w
+    // + norm_b), rounded to the MMA's type.
     float rstd = 1.f;
-    if (NORM) {
+#if LN
+    float mean;
+    ln_stats(x, res, K, eps, partial_sq, mean, rstd);
+#endif
+    if (NORM && !LN) {
         float sum_sq = 0.f;
         for (int q = threadIdx.x; q < K / 8; q += WARPS * 32) {
             float v[8];
@@ -785,8 +896,15 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
             if (NORM) {
                 float nw[8];
                 unpack8(norm_w[q], nw);
+#if LN
+                float nb[8];
+                unpack8(norm_b[q], nb);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) v[i] = fmaf((v[i] - mean) * rstd, nw[i], nb[i]);
+#else
 #pragma unroll
                 for (int i = 0; i < 8; ++i) v[i] = round_x(v[i] * rstd) * nw[i];
+#endif
             }
         }
         xs[q] = make_uint4(to_mma_pair(v[0], v[1]), to_mma_pair(v[2], v[3]), to_mma_pair(v[4], v[5]),
@@ -840,7 +958,7 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
             y += partial_y[i][r];
             if (GLU) up += partial_y[i][r + 8];
         }
-        if (n < N) out[n] = finish_output(y, up, scale, bias, n, N + n);
+        if (n < N) out[n] = finish_output(y, up, scale, bias, n, N + n, ADD ? x2f(add[n]) : 0.f);
     }
 }
 #endif  // MMA && !BULK
@@ -893,15 +1011,18 @@ def fits(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias
 
 
 def defines(*, x_fp16: bool, w_bytes: int, fp8: bool, norm: bool, res: bool, glu: bool,
-            scale: bool, bias: bool, pdl: bool, WARPS: int, UNROLL: int = 1, ROWS: int = 1, PIPE: int = 0,
-            MMA: int = 0, BULK: int = 0, STAGES: int = 0, PRE: int = 0, CPL: int = 0, DP4A: int = 0,
-            DRY: int = 0, TRACE: int = 0, **launch) -> str:
-    """The variant's #defines. DP4A=1 has the bulk FFMA form multiply int8 weights by dp4a (its
+            scale: bool, bias: bool, pdl: bool, WARPS: int, ln: bool = False, gelu: bool = False, add: bool = False,
+            UNROLL: int = 1, ROWS: int = 1, PIPE: int = 0, MMA: int = 0, BULK: int = 0, STAGES: int = 0, PRE: int = 0,
+            CPL: int = 0, DP4A: int = 0, DRY: int = 0, TRACE: int = 0, **launch) -> str:
+    """The variant's #defines. `ln` (with `norm`): LayerNorm with a bias; `gelu`: GELU after the
+    product; `add`: an addend before the bias. DP4A=1 has the bulk FFMA form multiply int8 weights by dp4a (its
     default; no effect on other weights or forms). Two measuring knobs of the bulk form: DRY=1 has
     the consumers release each stage unread, so a launch times the weight stream alone (its output
     is wrong); TRACE=1 has each block stamp its timeline (`trace_of`)."""
-    flags = dict(X_FP16=x_fp16, W_BYTES=w_bytes, W_FP8=fp8, NORM=norm, HAS_RES=res, GLU=glu,
-                 HAS_SCALE=scale, HAS_BIAS=bias, USE_PDL=pdl, WARPS=WARPS, ROWS=ROWS, UNROLL=UNROLL, PIPE=PIPE,
+    assert not ln or norm, "LayerNorm is a norm: pass norm=True with ln=True"
+    assert not add or not (glu or gelu), "the addend goes on a plain product (a parallel residual's partial)"
+    flags = dict(X_FP16=x_fp16, W_BYTES=w_bytes, W_FP8=fp8, NORM=norm, LN=ln, HAS_RES=res, GLU=glu, GELU=gelu,
+                 ADD=add, HAS_SCALE=scale, HAS_BIAS=bias, USE_PDL=pdl, WARPS=WARPS, ROWS=ROWS, UNROLL=UNROLL, PIPE=PIPE,
                  MMA=MMA, BULK=BULK, STAGES=STAGES, PRE=PRE, CPL=CPL, DP4A=DP4A,
                  DRY=DRY, TRACE=TRACE)
     return "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
@@ -979,7 +1100,8 @@ def _device_index(x: torch.Tensor) -> int:
 
 def _variant(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
              norm_weight: torch.Tensor | None, residual: torch.Tensor | None, glu: bool,
-             config: dict | None) -> tuple[str, dict, tuple[int, int, int], bool]:
+             config: dict | None, ln: bool = False, gelu: bool = False,
+             add: bool = False) -> tuple[str, dict, tuple[int, int, int], bool]:
     """(defines, tiles, (blocks, threads, shared bytes), PDL) of the launch for these operands."""
     K, N = x.shape[1], weight.shape[0] // (2 if glu else 1)
     tiles, shape = launch_plan(config, N, K, weight.element_size(), glu, hopper_or_later(x), sm_count(x),
@@ -987,7 +1109,8 @@ def _variant(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
     pdl = use_gemv_pdl(x, bool(tiles.get("BULK")))
     src = defines(x_fp16=x.dtype == torch.float16, w_bytes=weight.element_size(),
                   fp8=weight.dtype == torch.float8_e4m3fn, norm=norm_weight is not None, res=residual is not None,
-                  glu=glu, scale=scale is not None, bias=bias is not None, pdl=pdl, **tiles)
+                  glu=glu, scale=scale is not None, bias=bias is not None, pdl=pdl, ln=ln, gelu=gelu, add=add,
+                  **tiles)
     return src, tiles, shape, pdl
 
 
@@ -1001,19 +1124,25 @@ def _aligned(t: torch.Tensor | None) -> torch.Tensor | None:
 def fused_linear_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
                       bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
                       residual: torch.Tensor | None, eps: float, glu: bool,
-                      config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(y [1, N], new residual or None); the operands satisfy `fits`."""
+                      config: dict | None = None, norm_bias: torch.Tensor | None = None, gelu: bool = False,
+                      add: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(y [1, N], new residual or None); the operands satisfy `fits`. `norm_bias` (with
+    `norm_weight`): the norm is LayerNorm; `gelu`: GELU after the product; `add` [1, N]: added
+    to the product before the bias (gemv.fused_linear says how each rounds)."""
     K = x.shape[1]
     N = weight.shape[0] // 2 if glu else weight.shape[0]
     assert weight.shape[1] == K, f"weight is {tuple(weight.shape)}, x has {K} columns"
-    src, _, (grid, block, shared), pdl = _variant(x, weight, scale, bias, norm_weight, residual, glu, config)
+    assert add is None or add.shape[-1] == N, f"the addend has {add.shape[-1]} columns, the product {N}"
+    src, _, (grid, block, shared), pdl = _variant(x, weight, scale, bias, norm_weight, residual, glu, config,
+                                                  ln=norm_bias is not None, gelu=gelu, add=add is not None)
     function = _function(src, _device_index(x))
-    x, residual, norm_weight = (_aligned(t) for t in (x, residual, norm_weight))
+    x, residual, norm_weight, norm_bias = (_aligned(t) for t in (x, residual, norm_weight, norm_bias))
+    add = add if add is None or add.is_contiguous() else add.contiguous()
     out = torch.empty((1, N), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(x) if residual is not None else None
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
     args = [ptr(weight), ptr(x), ptr(residual), ptr(norm_weight), ptr(res_out), ptr(scale), ptr(bias), ptr(out),
-            ctypes.c_int(N), ctypes.c_int(K), ctypes.c_float(eps)]
+            ctypes.c_int(N), ctypes.c_int(K), ctypes.c_float(eps), ptr(norm_bias), ptr(add)]
     cuda_runtime.launch(function, grid, block, shared, torch.cuda.current_stream(x.device).cuda_stream, args, pdl)
     return out, res_out
 

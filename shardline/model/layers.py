@@ -90,14 +90,17 @@ class Linear:
         return quant.small_m_linear(x, self.weight, self.scale, self.bias, choice and choice["config"], glu=glu,
                                     norm=norm, residual=residual)
 
-    def fused(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
-              glu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """RMSNorm(x + residual) -> this linear (-> silu(gate) * up when `glu`), in one GEMV
-        kernel when `uses_gemv(x)`; returns (output, x + residual or None)."""
+    def fused(self, x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+              residual: torch.Tensor | None = None, glu: bool = False, norm_bias: torch.Tensor | None = None,
+              gelu: bool = False, add: torch.Tensor | None = None,
+              add_bias: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """RMSNorm(x + residual) (LayerNorm with `norm_bias`) -> this linear (-> silu(gate) * up
+        when `glu`, GELU when `gelu`; + `add` before the bias), in one GEMV kernel when
+        `uses_gemv(x)` (gemv.fused_linear); returns (output, x + residual or None)."""
         choice = self._choice(x)
         config = choice["config"] if choice is not None and self._runs_gemv(x, choice) else None
-        return gemv.fused_linear(x, self.weight, self.scale, self.bias, norm_weight, residual, eps, glu,
-                                 config=config)
+        return gemv.fused_linear(x, self.weight, self.scale, self.bias if add_bias else None, norm_weight, residual,
+                                 eps, glu, config=config, norm_bias=norm_bias, gelu=gelu, add=add)
 
 
 class VocabParallelEmbedding:

@@ -29,7 +29,12 @@ GPTJ_6B = dict(architecture="gptj", vocab_size=64512, hidden_size=4096, num_laye
 LLAMA_SMALL = {**LLAMA3_8B, "vocab_size": 1000, "hidden_size": 128, "num_layers": 2, "num_heads": 4,
                "num_kv_heads": 2, "head_dim": 32, "rotary_dim": 32, "intermediate_size": 256,
                "max_position_embeddings": 1024}
-SHAPES = {"llama3-8b": LLAMA3_8B, "gptj-6b": GPTJ_6B, "llama-small": LLAMA_SMALL}
+GPTJ_SMALL = {**GPTJ_6B, "vocab_size": 1000, "hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 4,
+              "head_dim": 32, "rotary_dim": 16, "intermediate_size": 512, "max_position_embeddings": 1024}
+GPT2_SMALL = {**GPTJ_SMALL, "architecture": "gpt2", "position": "learned", "rotary_dim": 0, "parallel_residual": False,
+              "qkv_bias": True, "o_bias": True, "lm_head_bias": False}
+SHAPES = {"llama3-8b": LLAMA3_8B, "gptj-6b": GPTJ_6B, "llama-small": LLAMA_SMALL, "gptj-small": GPTJ_SMALL,
+          "gpt2-small": GPT2_SMALL}
 
 
 def random_manifest(cfg: ModelConfig, dtype: str, tp: int = 1, pp: int = 1, quantization: str = "none") -> Manifest:

@@ -57,6 +57,12 @@ def fold_norm_weight(w: dict[str, torch.Tensor], norm_name: str, linear_name: st
         w[norm_name] = torch.ones_like(g)
 
 
+def _gemv_norm(n: Norm) -> bool:
+    """The decode GEMV runs this norm inside it: RMSNorm without a bias, or LayerNorm with one
+    (unless SHARDLINE_GEMV_LAYERNORM=0, the A/B switch)."""
+    return n.is_rms and n.bias is None or (_dispatch.GEMV_LAYERNORM and not n.is_rms and n.bias is not None)
+
+
 class DecoderLayer:
     def __init__(self, cfg: ModelConfig, tp: TPGroup, w: dict[str, torch.Tensor], prefix: str,
                  cos_sin: torch.Tensor | None) -> None:
@@ -87,10 +93,13 @@ class DecoderLayer:
         self.is_glu = cfg.activation == "silu_glu"
         self.up_proj = linear("gate_up_proj" if self.is_glu else "up_proj")
         self.down_proj = linear("down_proj")
-        # Llama-style layers (RMSNorm, sequential residual, SwiGLU) fuse their norms and activation
-        # into the decode GEMVs; the others run the same GEMVs unfused.
-        self.fuse_decode = (self.input_norm.is_rms and self.post_attention_norm is not None
-                            and self.input_norm.bias is None and self.is_glu)
+        # At one decode row, each norm runs inside the GEMV after it and the activation in the up
+        # GEMV's epilogue (`_decode`): RMSNorm without a bias or LayerNorm with one, SwiGLU or GELU.
+        # A parallel residual (GPT-J) also has down's GEMV add attention's output, so o must have
+        # no bias of its own to add between them.
+        self.fuse_decode = (cfg.activation in ("silu_glu", "gelu_tanh") and _gemv_norm(self.input_norm) and (
+            _gemv_norm(self.post_attention_norm) if self.post_attention_norm is not None
+            else self.o_proj.bias is None))
 
     def attention(self, x: torch.Tensor, meta: StepMetadata, k_cache: torch.Tensor,
                   v_cache: torch.Tensor) -> torch.Tensor:
@@ -134,14 +143,22 @@ class DecoderLayer:
     def _decode(self, h: torch.Tensor, residual: torch.Tensor | None, meta: StepMetadata,
                 k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The same layer for one row (batch-1 decode) as GEMV kernels, each norm fused into the
-        product after it and SwiGLU into the gate/up product (kernels/gemv.py). Taken when the qkv
-        projection runs the GEMV (`Linear.uses_gemv`: by default, or as `tune-gemm` chose); the
-        fused products then go with it."""
+        product after it and the activation (SwiGLU, GELU) into the up product (kernels/gemv.py).
+        With a parallel residual (GPT-J) qkv and up both read the input norm, and down's GEMV adds
+        attention's partial output (and on one rank its own bias): no add kernels. Taken when the
+        qkv projection runs the GEMV (`Linear.uses_gemv`: by default, or as `tune-gemm` chose);
+        the fused products then go with it."""
         n1, n2 = self.input_norm, self.post_attention_norm
-        qkv, new_residual = self.qkv_proj.fused(h, n1.weight, n1.eps, residual)
+        activation_kw = dict(glu=self.is_glu, gelu=not self.is_glu)
+        qkv, new_residual = self.qkv_proj.fused(h, n1.weight, n1.eps, residual, norm_bias=n1.bias)
         residual = h if residual is None else new_residual
+        if n2 is None:
+            act, _ = self.up_proj.fused(residual, n1.weight, n1.eps, norm_bias=n1.bias, **activation_kw)
+            one_rank = self.tp.size == 1
+            out, _ = self.down_proj.fused(act, add=self._attend(qkv, meta, k_cache, v_cache), add_bias=one_rank)
+            return self._reduce(out, None if one_rank else self.down_proj.bias), residual
         attn = self._reduce(self._attend(qkv, meta, k_cache, v_cache), self.o_proj.bias)
-        act, residual = self.up_proj.fused(attn, n2.weight, n2.eps, residual, glu=True)
+        act, residual = self.up_proj.fused(attn, n2.weight, n2.eps, residual, norm_bias=n2.bias, **activation_kw)
         return self._reduce(self.down_proj(act, add_bias=False), self.down_proj.bias), residual
 
     def folds(self, h: torch.Tensor) -> bool:
@@ -270,8 +287,8 @@ class StageModel:
         rows = meta.sample_rows
         h = h[rows]  # only the rows whose next token is drawn
         residual = None if residual is None else residual[rows]
-        if self.norm.is_rms and self.norm.bias is None and self.lm_head.uses_gemv(h):
-            logits = self.lm_head.fused(h, self.norm.weight, self.norm.eps, residual)[0]
+        if _gemv_norm(self.norm) and self.lm_head.uses_gemv(h):
+            logits = self.lm_head.fused(h, self.norm.weight, self.norm.eps, residual, norm_bias=self.norm.bias)[0]
         else:
             logits = self.lm_head(self.norm(h, residual)[0], out_dtype=torch.float32)
         logits = self.tp.all_gather_last_dim(logits.float())  # (S, Vp)

@@ -21,7 +21,9 @@ needs_nvrtc = pytest.mark.skipif(not NVRTC, reason="NVRTC missing (scripts/setup
 WEIGHTS = {"bf16": dict(w_bytes=2, fp8=False, scale=False), "int8": dict(w_bytes=1, fp8=False, scale=True),
            "fp8": dict(w_bytes=1, fp8=True, scale=True)}
 FUSIONS = {"plain": dict(norm=False, res=False, glu=False), "norm_res": dict(norm=True, res=True, glu=False),
-           "norm_res_glu": dict(norm=True, res=True, glu=True), "glu": dict(norm=False, res=False, glu=True)}
+           "norm_res_glu": dict(norm=True, res=True, glu=True), "glu": dict(norm=False, res=False, glu=True),
+           "ln_res_gelu": dict(norm=True, ln=True, res=True, glu=False, gelu=True),
+           "add": dict(norm=False, res=False, glu=False, add=True)}
 
 
 def _ptx(weights: str, fusion: str, *, x_fp16=False, bias=False, pdl=False, tiles=None) -> str:
