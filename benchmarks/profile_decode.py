@@ -132,7 +132,8 @@ def print_timeline(pipeline, batch: int, replays: int = 5, context: int = 192, r
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--shape", default="llama3-8b", help="a model shape decode_bench builds (llama3-8b, gptj-6b)")
+    ap.add_argument("--shape", default="llama3-8b", choices=sorted(decode_bench.SHAPES),
+                    help="a model shape decode_bench builds")
     ap.add_argument("--quant", choices=["int8", "fp8"], help="weight-only quantization")
     ap.add_argument("--rows", type=int, default=18)
     ap.add_argument("--generate", action="store_true", help="profile whole generate() steps, host included")

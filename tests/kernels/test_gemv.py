@@ -63,25 +63,11 @@ def test_fp32_and_batches_above_one_take_the_unfused_path():
 @pytest.mark.parametrize("fuse", ["plain", "norm", "norm_res", "norm_res_glu", "glu_bias"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_gemv_matches_the_unfused_path(device, N, K, quant, fuse, dtype):
-    M = 1
     if device == "cpu" and dtype == torch.bfloat16:
         pytest.skip("interpreted, bf16 conversions truncate (the errors add up coherently); fp16 runs")
-    x = torch.randn(M, K, device=device, dtype=dtype)
-    w = (torch.randn(2 * N if "glu" in fuse else N, K, device=device) * K ** -0.5).to(dtype)
-    scale = None
-    if quant != "none":
-        if quant == "fp8-weight-only" and device == "cpu":
-            pytest.skip("fp8 weights are checked on the GPU (Triton's interpreter has no e4m3)")
-        w, scale = WEIGHT_ONLY[quant][1](w)
-    kw = {}
-    if "norm" in fuse:
-        kw["norm_weight"] = (torch.rand(K, device=device) + 0.5).to(dtype)
-        kw["eps"] = 1e-5
-    if "res" in fuse:
-        kw["residual"] = torch.randn(M, K, device=device, dtype=dtype)
-    if "bias" in fuse:
-        kw["bias"] = torch.randn(w.shape[0], device=device, dtype=dtype)
-    kw["glu"] = "glu" in fuse
+    if quant == "fp8-weight-only" and device == "cpu":
+        pytest.skip("fp8 weights are checked on the GPU (Triton's interpreter has no e4m3)")
+    x, w, scale, kw = _fused_case(device, N, K, quant, fuse, dtype)
     assert fits(x, w) or not _dispatch.triton_available()
     y, r = fused_linear(x, w, scale, **kw)
     y_ref, r_ref = fused_linear_ref(x, w, scale, **kw)
