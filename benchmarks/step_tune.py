@@ -29,21 +29,18 @@ from shardline.model.random_weights import SHAPES
 # The decode kernel's tiles, and context splits forced (by default one split at batch 64: 512
 # programs already fill the GPU twice).
 ATTENTION_VARIANTS = [{}, {"num_stages": 3}, {"BLOCK_N": 32}, {"BLOCK_N": 32, "num_stages": 3},
-                      {"num_warps": 8}, {"splits": 2}, {"splits": 2, "BLOCK_N": 32}, {"splits": 4, "BLOCK_N": 32}]
+                      {"num_warps": 8}, {"splits": 1}, {"splits": 2}, {"splits": 2, "BLOCK_N": 32},
+                      {"splits": 4, "BLOCK_N": 32}]
 
 
 def attention_step_ms(engine, table: GemmTable, batch: int, variant: dict) -> float:
     from shardline.kernels import triton_attention  # Triton: imported on the GPU only
-    variant = dict(variant)
-    splits = variant.pop("splits", None)
-    default_override, default_splits = triton_attention.DECODE_OVERRIDE, triton_attention._num_splits
+    default_override = triton_attention.DECODE_OVERRIDE
     triton_attention.DECODE_OVERRIDE = dict(default_override, **variant)
-    if splits:
-        triton_attention._num_splits = lambda *args, **kwargs: splits
     try:
         return step_tuning.step_ms(engine, table, batch)
     finally:
-        triton_attention.DECODE_OVERRIDE, triton_attention._num_splits = default_override, default_splits
+        triton_attention.DECODE_OVERRIDE = default_override
 
 
 def main() -> None:

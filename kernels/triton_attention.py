@@ -78,6 +78,35 @@ def _load_kv_tile(cache_ptr, blk, offs_n, mask_n, dims, dmask, kvh,
 
 
 @triton.jit
+def _load_kv_tiles(k_cache_ptr, v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh, stride_k_blk, stride_k_tok,
+                   stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE: tl.constexpr):
+    """The K and the V tile, (N, D) each, of one kv head at the sequence positions offs_n."""
+    blk = _tile_blocks(bt_row, offs_n, mask_n, BLOCK_SIZE)
+    k = _load_kv_tile(k_cache_ptr, blk, offs_n, mask_n, d, dmask, kvh, stride_k_blk, stride_k_tok, stride_k_h,
+                      BLOCK_SIZE)
+    v = _load_kv_tile(v_cache_ptr, blk, offs_n, mask_n, d, dmask, kvh, stride_v_blk, stride_v_tok, stride_v_h,
+                      BLOCK_SIZE)
+    return k, v
+
+
+@triton.jit
+def _online_softmax_step(q, k, v, visible, acc, l_i, m_i, scale_log2, DOT_PRECISION: tl.constexpr,
+                         MASKED: tl.constexpr = True):
+    """Fold one K/V tile into the running (acc, l, m) of the rows of q; `visible` masks the scores
+    (unless not MASKED: every key visible). A row must see at least one key of its first tile (the
+    callers' key 0) to keep m finite."""
+    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2  # (M, N)
+    if MASKED:
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
                    part_out_ptr, part_lse_ptr, scale_log2, num_seqs, num_heads,
                    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
@@ -143,20 +172,9 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     for n0 in range(lo, hi_cached, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi_cached
-        blk = _tile_blocks(bt_row, offs_n, mask_n, BLOCK_SIZE)
-        k = _load_kv_tile(k_cache_ptr, blk, offs_n, mask_n, d, dmask, kvh,
-                          stride_k_blk, stride_k_tok, stride_k_h, BLOCK_SIZE)  # (N, D)
-        v = _load_kv_tile(v_cache_ptr, blk, offs_n, mask_n, d, dmask, kvh,
-                          stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2  # (G, N)
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
-                                            input_precision=DOT_PRECISION)
-        m_i = m_new
+        k, v = _load_kv_tiles(k_cache_ptr, v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh, stride_k_blk,
+                              stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
+        acc, l_i, m_i = _online_softmax_step(q, k, v, mask_n[None, :], acc, l_i, m_i, scale_log2, DOT_PRECISION)
     if ROTARY:
         if (kv_len > 0) & (kv_len - 1 >= lo) & (kv_len - 1 < hi):  # this split holds the new token
             cdt = k_cache_ptr.dtype.element_ty
@@ -218,21 +236,10 @@ def _attend_tile(q, acc, l_i, m_i, q_pos, n0, kv_end, k_cache_ptr, v_cache_ptr, 
     """One online-softmax step of the prefill kernel over keys [n0, n0 + BLOCK_N)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mask_n = offs_n < kv_end
-    blk = _tile_blocks(bt_row, offs_n, mask_n, BLOCK_SIZE)
-    k = _load_kv_tile(k_cache_ptr, blk, offs_n, mask_n, d, dmask, kvh,
-                      stride_k_blk, stride_k_tok, stride_k_h, BLOCK_SIZE)
-    v = _load_kv_tile(v_cache_ptr, blk, offs_n, mask_n, d, dmask, kvh,
-                      stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
-    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2  # (M, N)
-    if CAUSAL_MASK:
-        visible = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
-        s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))  # key 0 is visible to every row: finite
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
-    return acc, l_i, m_new
+    k, v = _load_kv_tiles(k_cache_ptr, v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh, stride_k_blk,
+                          stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
+    visible = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
+    return _online_softmax_step(q, k, v, visible, acc, l_i, m_i, scale_log2, DOT_PRECISION, CAUSAL_MASK)
 
 
 @triton.jit
@@ -296,6 +303,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_p
 # --sweep --decode-shapes 64x192,64x256`, 2026-11-30: 17.4 / 22.0 us at context 192 / 256 against
 # 19.2 / 24.0), but in the engine's step three cost 0.15-0.19 ms at batch 64 and 0.06 at batch 16
 # (`decode_bench.py --attention-configs`, docs/benchmarks.md): time tiles in the step, not alone.
+# Reading the first cached K/V tile before the PDL wait lost too (batch 64 +0.15-0.23 ms, +0.08-0.15
+# with maxnreg 128; branch attention-early-kv, docs/benchmarks.md 2026-11-30 k).
 DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=2)
 # 2-16 rows: half the tile, no pipelining (H200, session h: batch 16 4.647-4.671 ms a step against
 # 4.741-4.776 over four alternated runs). Batch 1 lost (3.79-3.82 against 3.75), 64 rows lost
@@ -333,10 +342,11 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
                            max_query_len: int | None = None, max_seq_len: int | None = None,
                            decode_config: dict | None = None, prefill_config: dict | None = None,
                            num_splits: int | None = None, rotary: tuple | None = None):
-    """`decode_config`: BLOCK_N, num_warps, num_stages of the decode kernel (decode_config_for's
-    by default); `num_splits`: its context splits (by default `_num_splits`). `rotary`: (k, v,
-    positions, cos_sin, rotary_dim, slot_mapping) of a decode step whose q, k and v are unrotated
-    and not yet cached (see _decode_kernel); it requires max_query_len == 1."""
+    """`decode_config`: BLOCK_N, num_warps, num_stages (and maxnreg) of the decode kernel
+    (decode_config_for's by default); its context splits are `num_splits`, else the config's
+    `splits` (how an A/B forces them), else `_num_splits`'s choice. `rotary`: (k, v, positions,
+    cos_sin, rotary_dim, slot_mapping) of a decode step whose q, k and v are unrotated and not yet
+    cached (see _decode_kernel); it requires max_query_len == 1."""
     T, nh, hd = q.shape
     block_size, nkv = k_cache.shape[1], k_cache.shape[2]
     B = block_tables.shape[0]
@@ -354,7 +364,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
     assert rotary is None or max_query_len == 1, "rotary fused into attention needs one query row per sequence"
     if is_decode:
         max_ctx = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
-        splits = num_splits or _num_splits(T * nkv, max_ctx, sm_count(q))
+        cfg = dict(decode_config or decode_config_for(T))
+        splits = num_splits or cfg.pop("splits", None) or _num_splits(T * nkv, max_ctx, sm_count(q))
         hd_p2 = common["HEAD_DIM_P2"]
         if splits > 1:
             part_out = torch.empty((T, nh, splits, hd_p2), dtype=torch.float32, device=q.device)
@@ -373,8 +384,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
             scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
-            NUM_SPLITS=splits, **rot, ONE_ROW=max_query_len == 1 and T == B,
-            **(decode_config or decode_config_for(T)), **common, **pdl_args(q))
+            NUM_SPLITS=splits, **rot, ONE_ROW=max_query_len == 1 and T == B, **cfg, **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,

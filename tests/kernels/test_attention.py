@@ -259,7 +259,7 @@ def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_spli
     """One kernel (rotary, cache write, attention over the new token from registers) against the
     references run in turn, with context splits that do and do not hold the new token alone."""
     from shardline.kernels.rotary import apply_rotary_and_write_kv_ref, rotary_cos_sin
-    from shardline.kernels.triton_attention import paged_attention_triton
+    from shardline.kernels.triton_attention import decode_config_for, paged_attention_triton
     skip_interpreted_bf16_dot(device, dtype)
     if not _dispatch.use_triton(torch.empty(0, device=device)):
         pytest.skip("the Triton kernel itself is under test")
@@ -274,8 +274,9 @@ def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_spli
     want = paged_attention_ref(torch.cat([rq, q[real:]]), **ref_kw)
     before_k, before_v = kw["k_cache"].clone(), kw["v_cache"].clone()
     poison_allocator(q)
-    out = paged_attention_triton(q, **kw, max_query_len=1, num_splits=num_splits,
-                                 rotary=(k, v, positions, cos_sin, rd, slots))
+    # The splits come as the config's key here (how an A/B forces them), as the argument above.
+    out = paged_attention_triton(q, **kw, max_query_len=1, rotary=(k, v, positions, cos_sin, rd, slots),
+                                 decode_config=dict(decode_config_for(len(q)), splits=num_splits))
     assert_close(out[:real], want[:real], f"attention with rotary fused, {num_splits} splits")
     assert torch.isfinite(out).all(), "padding rows must not produce NaN"
     written = torch.zeros(kw["k_cache"].shape[:2], dtype=torch.bool, device=device).view(-1)
