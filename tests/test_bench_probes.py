@@ -1,5 +1,5 @@
-"""The arithmetic of the GPU probes in benchmarks/, checked on CPU: the launch-cost line fit and
-the tile packing the weight-layout probe indexes."""
+"""The arithmetic of the GPU probes in benchmarks/, checked on CPU: the launch-cost line fit, the
+tile packing the weight-layout probe indexes, and the bytes the read floor reads a step."""
 
 from __future__ import annotations
 
@@ -26,3 +26,23 @@ def test_weight_layout_pack_puts_tile_n_kb_at_its_rows():
         for kb in range(kt):
             rows = slice((n * kt + kb) * bn, (n * kt + kb + 1) * bn)
             assert torch.equal(packed[rows], w[n * bn:(n + 1) * bn, kb * bk:(kb + 1) * bk])
+
+
+@pytest.mark.parametrize("shape", ["llama-small", "gptj-small"])
+def test_read_floor_reads_the_steps_weights_once_and_its_kv_cache(shape):
+    """The shadow step streams the weights the engine's step streams (decode_bench's count, on a
+    small random engine built on CPU), once, plus batch x context tokens of K and V a layer."""
+    from benchmarks.decode_bench import num_params
+    from benchmarks.read_floor import step_reads
+    from shardline import step_tuning
+    from shardline.config import ModelConfig
+    from shardline.model.random_weights import SHAPES
+    from shardline.stage_worker.pipeline import LocalPipeline
+    cfg = ModelConfig(**SHAPES[shape])
+    reads = step_reads(cfg, batch=8, context=40)
+    assert len(reads) == 5 * cfg.num_layers + 1 and reads[-1][0] == "head"
+    kv = sum(n for name, n in reads if name == "attention KV")
+    assert kv == cfg.num_layers * 8 * 40 * cfg.num_kv_heads * cfg.head_dim * 2 * 2
+    engine = step_tuning.random_engine(cfg, "bf16", "none", 8, "cpu", kv_bytes=1 << 20, max_model_len=256)
+    _, weight_bytes = num_params(LocalPipeline(None, config=engine.config, engines=[engine]))
+    assert sum(n for _, n in reads) - kv == weight_bytes

@@ -1,0 +1,199 @@
+"""The decode step's read floor: its bytes, read by the simplest kernel there is, kernel for kernel.
+
+    python -m benchmarks.read_floor [--batch 64] [--context 192] [--engine --gemm-config T]
+
+A Llama-3-8B decode step at batch 64 reads its weights once (qkv, o, gate/up and down a layer, then
+the head) and each layer's KV cache (batch x context tokens), and little else: it is bound by
+memory. This script reads exactly those bytes, in the step's order, one kernel per product and
+one per attention (32 x 5 + 1 launches), with a kernel that only sums what it loads (its tiles
+streamed by TMA, several in flight a program, as the GEMMs' weights are), captured in one CUDA graph as the engine's step is. What that graph takes is the floor a kernel
+that does real work can hope for with the step's launches, and it splits the gap to the copy
+ceiling into what the launch boundaries cost and what the engine's kernels lose inside:
+
+* each size alone (its copies cycled, so L2 holds none of it): the rate one kernel streams at;
+* the shadow step with PDL, each kernel waiting for the one before it first (as the engine's
+  attention does), or last (its reads all before the wait, as the ring GEMM's weights): what
+  the boundaries cost with and without reads across them;
+* the same launched without PDL;
+* `--engine`: the engine's own step at the same batch and context, in the same process (its
+  replay and decode_bench's ms/step), as a ratio to the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+
+import torch
+
+from shardline.config import ModelConfig
+from shardline.model.random_weights import SHAPES
+
+# TMA tiles of BLOCK_R 512-byte rows, or pointer loads of BLOCK elements; STAGES in flight a
+# program, PER_SM programs a multiprocessor.
+CONFIGS = [dict(BLOCK_R=32, STAGES=8, PER_SM=1, num_warps=4), dict(BLOCK_R=32, STAGES=4, PER_SM=2, num_warps=4),
+           dict(BLOCK_R=16, STAGES=8, PER_SM=2, num_warps=4), dict(BLOCK_R=64, STAGES=3, PER_SM=1, num_warps=8),
+           dict(BLOCK=4096, STAGES=4, PER_SM=4, num_warps=4), dict(BLOCK=8192, STAGES=3, PER_SM=2, num_warps=8),
+           dict(BLOCK=8192, STAGES=1, PER_SM=4, num_warps=8)]
+
+
+def step_reads(cfg: ModelConfig, batch: int, context: int, dtype_bytes: int = 2) -> list[tuple[str, int]]:
+    """(name, bytes) of each kernel of a decode step, in order: per layer qkv, attention's KV, o,
+    gate/up, down; then the head. Norms and activations are a few rows and are left out."""
+    hd, b = cfg.head_dim, dtype_bytes
+    qkv = cfg.hidden_size * (cfg.num_heads + 2 * cfg.num_kv_heads) * hd * b
+    o = cfg.num_heads * hd * cfg.hidden_size * b
+    up = cfg.hidden_size * (2 if cfg.activation == "silu_glu" else 1) * cfg.intermediate_size * b
+    down = cfg.intermediate_size * cfg.hidden_size * b
+    kv = batch * context * cfg.num_kv_heads * hd * 2 * b
+    layer = [("qkv", qkv), ("attention KV", kv), ("o", o), ("gate/up", up), ("down", down)]
+    return [item for _ in range(cfg.num_layers) for item in layer] + [("head", cfg.vocab_size * cfg.hidden_size * b)]
+
+
+COLS = 256  # elements of a row of the 2-D view a tensor descriptor reads: 512 bytes
+
+try:  # Triton is needed to time, not to count the bytes (step_reads, checked on CPU)
+    import triton
+    import triton.language as tl
+
+    from shardline.kernels.triton_pdl import pdl_wait
+except ImportError:
+    triton = None
+else:
+    @triton.jit
+    def _read_tma_kernel(x_desc, out_ptr, n_tiles, BLOCK_R: tl.constexpr, COLS: tl.constexpr, STAGES: tl.constexpr,
+                         WAIT_FIRST: tl.constexpr, USE_PDL: tl.constexpr):
+        """Add every program-th (BLOCK_R, COLS) tile of x, from this program's on, into a tile of
+        sums, then sum that into out[pid]: the copy engine (TMA) fills STAGES tiles ahead, as the
+        GEMMs' weight streams do. The PDL wait comes first or last."""
+        if WAIT_FIRST:
+            pdl_wait(USE_PDL)
+        pid = tl.program_id(0)
+        acc = tl.zeros([BLOCK_R, COLS], tl.float32)  # elementwise: no reduction inside the loop
+        for t in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=STAGES):
+            acc += x_desc.load([t * BLOCK_R, 0]).to(tl.float32)
+        if not WAIT_FIRST:
+            pdl_wait(USE_PDL)
+        tl.store(out_ptr + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+    @triton.jit
+    def _read_ptr_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, STAGES: tl.constexpr, WAIT_FIRST: tl.constexpr,
+                         USE_PDL: tl.constexpr):
+        """The same with pointer loads of BLOCK elements, STAGES of them in flight (cp.async)."""
+        if WAIT_FIRST:
+            pdl_wait(USE_PDL)
+        pid = tl.program_id(0)
+        acc = tl.zeros([BLOCK], tl.float32)
+        for start in tl.range(pid * BLOCK, n, tl.num_programs(0) * BLOCK, num_stages=STAGES):
+            offs = start + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+        if not WAIT_FIRST:
+            pdl_wait(USE_PDL)
+        tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+
+
+def launcher(config: dict, wait_first: bool, pdl: bool):
+    """(read(x, out): one launch of the read kernel over all of x, bf16 and 1-D; its programs).
+    A config with BLOCK_R reads tiles of 512-byte rows by TMA; one with BLOCK, by pointers."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from shardline.kernels._dispatch import sm_count
+    programs = sm_count(torch.empty(0, device="cuda")) * config["PER_SM"]
+    common = dict(STAGES=config["STAGES"], WAIT_FIRST=wait_first, USE_PDL=pdl, num_warps=config["num_warps"],
+                  launch_pdl=pdl)
+
+    def read(x: torch.Tensor, out: torch.Tensor) -> None:
+        if "BLOCK_R" in config:
+            rows = config["BLOCK_R"]
+            desc = TensorDescriptor.from_tensor(x.view(-1, COLS), [rows, COLS])
+            _read_tma_kernel[(programs,)](desc, out, -(-x.numel() // (rows * COLS)), BLOCK_R=rows, COLS=COLS,
+                                          **common)
+        else:
+            _read_ptr_kernel[(programs,)](x, out, x.numel(), BLOCK=config["BLOCK"], **common)
+    return read, programs
+
+
+def alone_gbps(read, nbytes: int, programs: int) -> float:
+    """One size's rate, its launches back to back in a graph on copies that L2 cannot hold."""
+    from shardline.gemm_tuning import _time_graph_us
+    copies = max(2, -(-512 * 2**20 // nbytes))
+    xs = [torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
+    out = torch.empty(programs, dtype=torch.float32, device="cuda")
+    us = _time_graph_us(lambda i: read(xs[i], out), copies)
+    return nbytes / us / 1e3
+
+
+def shadow_step_ms(read, buffers: list[torch.Tensor], programs: int) -> float:
+    from shardline.step_tuning import replay_ms
+    out = torch.empty(programs, dtype=torch.float32, device="cuda")
+    read(buffers[0], out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for x in buffers:
+            read(x, out)
+    return min(replay_ms(graph) for _ in range(3))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--context", type=int, default=192, help="tokens each row attends over (decode_bench's mean)")
+    ap.add_argument("--engine", action="store_true", help="also time the engine's step at this batch")
+    ap.add_argument("--gemm-config", help="the engine's tune-gemm table (with --engine)")
+    args = ap.parse_args()
+    if args.batch < 1 or args.context < 1:
+        ap.error(f"--batch {args.batch}, --context {args.context}: both must be >= 1")
+    if args.gemm_config and not args.engine:
+        ap.error("--gemm-config configures the engine's step: pass --engine with it")
+    if not torch.cuda.is_available() or triton is None:
+        ap.error("read_floor times reads of GPU memory with a Triton kernel: it needs a CUDA GPU and Triton")
+    cfg = ModelConfig(**SHAPES[args.shape])
+    reads = step_reads(cfg, args.batch, args.context)
+    total = sum(n for _, n in reads)
+    gpu = torch.cuda.get_device_name()
+    print(f"{gpu}  {datetime.date.today().isoformat()}\n$ {' '.join(sys.argv)}")
+    print(f"{args.shape}, batch {args.batch}, context {args.context}: {len(reads)} kernels, {total / 1e9:.2f} GB a step")
+
+    sizes = sorted({n for _, n in reads})
+    names = {n: name for name, n in reversed(reads)}
+    best, best_rate = CONFIGS[0], 0.0
+    print(f"\nalone (GB/s){'':<14}" + "".join(f"{names[n]:>14}" for n in sizes))
+    for c in CONFIGS:
+        read, programs = launcher(c, wait_first=True, pdl=True)
+        rates = [alone_gbps(read, n, programs) for n in sizes]
+        print(f"{json.dumps(c):<26}" + "".join(f"{r:>14.0f}" for r in rates), flush=True)
+        mean = sum(rates) / len(rates)
+        if mean > best_rate:
+            best, best_rate = c, mean
+
+    buffers = [torch.empty(n // 2, dtype=torch.bfloat16, device="cuda") for _, n in reads]
+    rows = []
+    for label, wait_first, pdl in (("PDL, wait first", True, True), ("PDL, wait last", False, True),
+                                   ("no PDL", True, False)):
+        read, programs = launcher(best, wait_first, pdl)
+        ms = shadow_step_ms(read, buffers, programs)
+        rows.append((f"shadow step, {label}", ms))
+    del buffers
+    torch.cuda.empty_cache()
+
+    if args.engine:
+        from benchmarks import decode_bench
+        decode_bench.GEMM_CONFIG = args.gemm_config
+        pipeline = decode_bench.build(args.shape, max_num_seqs=args.batch)
+        ms = decode_bench.decode_ms_per_step(pipeline, args.batch)  # captures the step's graph
+        rows.append(("engine step, graph replay", decode_bench.graph_replay_ms(pipeline, args.batch, args.context)))
+        rows.append(("engine decode, ms/step (contexts 128-256)", ms))
+
+    floor = rows[0][1]
+    print(f"\nshadow steps on {json.dumps(best)}")
+    print(f"{'':<44}{'ms':>8}{'GB/s':>8}{'x floor':>9}")
+    for label, ms in rows:
+        print(f"{label:<44}{ms:>8.3f}{total / ms / 1e6:>8.0f}{ms / floor:>9.3f}")
+
+
+if __name__ == "__main__":
+    main()
