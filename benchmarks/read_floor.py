@@ -94,6 +94,41 @@ else:
         tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 
+    @triton.jit
+    def _tile_walk_kernel(w_desc, x_desc, out_ptr, K, STAGES: tl.constexpr, SPLIT_K: tl.constexpr,
+                          WITH_X: tl.constexpr, PACKED: tl.constexpr, ROTATE: tl.constexpr):
+        """A split-K product's reads without its product: program (p, s) walks split s of K over
+        its band of BLOCK_N weight rows in (BLOCK_N, BLOCK_K) boxes, STAGES deep, and with WITH_X
+        also the (64, BLOCK_K) box of x (L2-resident) a step, as a GEMM tile does. Every box is
+        only added up elementwise. PACKED: the weights as [N / BLOCK_N, K / BLOCK_K, BLOCK_N,
+        BLOCK_K] (w_desc over its [N * K / BLOCK_K, BLOCK_K] view), each box one contiguous run;
+        PACKED=2 as [K / BLOCK_K, N / BLOCK_N, BLOCK_N, BLOCK_K], so that programs moving in step
+        read one contiguous window; row-major, a box is BLOCK_N runs of BLOCK_K * 2 bytes, each
+        in another weight row.
+        ROTATE: program p starts its walk p tiles into its split (and wraps), so that programs
+        moving in step do not all ask for the same offset of their bands at once."""
+        BLOCK_N: tl.constexpr = w_desc.block_shape[0]
+        BLOCK_K: tl.constexpr = w_desc.block_shape[1]
+        pid, split = tl.program_id(0), tl.program_id(1)
+        per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        acc_x = tl.zeros([64, BLOCK_K], tl.float32)
+        lo = split * per_split
+        n_k = tl.cdiv(tl.minimum(K, lo + per_split) - lo, BLOCK_K)
+        for i in tl.range(0, n_k, num_stages=STAGES):
+            k = lo + ((i + pid) % n_k if ROTATE else i) * BLOCK_K
+            if PACKED == 2:  # k-major: the boxes of one k, across the bands, side by side
+                acc += w_desc.load([(k // BLOCK_K * tl.num_programs(0) + pid) * BLOCK_N, 0]).to(tl.float32)
+            elif PACKED:
+                acc += w_desc.load([(pid * tl.cdiv(K, BLOCK_K) + k // BLOCK_K) * BLOCK_N, 0]).to(tl.float32)
+            else:
+                acc += w_desc.load([pid * BLOCK_N, k]).to(tl.float32)
+            if WITH_X:
+                acc_x += x_desc.load([0, k]).to(tl.float32)
+        total = tl.sum(tl.sum(acc, axis=1), axis=0) + tl.sum(tl.sum(acc_x, axis=1), axis=0)
+        tl.store(out_ptr + pid * SPLIT_K + split, total)
+
+
 def launcher(config: dict, wait_first: bool, pdl: bool):
     """(read(x, out): one launch of the read kernel over all of x, bf16 and 1-D; its programs).
     A config with BLOCK_R reads tiles of 512-byte rows by TMA; one with BLOCK, by pointers."""
@@ -113,6 +148,33 @@ def launcher(config: dict, wait_first: bool, pdl: bool):
         else:
             _read_ptr_kernel[(programs,)](x, out, x.numel(), BLOCK=config["BLOCK"], **common)
     return read, programs
+
+
+# The split-K tiles' walks: (BLOCK_N, BLOCK_K, STAGES, SPLIT_K) for gate/up, then for down; the
+# first of each is the H200 table's split-K tile for it.
+TILE_WALKS = {"gate/up": [(128, 128, 4, 1), (128, 128, 3, 1), (64, 128, 4, 1), (128, 64, 6, 1)],
+              "down": [(64, 128, 5, 2), (128, 128, 4, 4), (64, 128, 4, 4), (64, 64, 6, 8)]}
+
+
+def tile_walk_gbps(n: int, k: int, walk: tuple[int, int, int, int], with_x: bool, packed: int = 0,
+                   rotate: bool = False) -> float:
+    """The rate of the tile walk over [n, k] weights alone (copies cycled out of L2), row-major or
+    `packed` tile by tile (1: a band's tiles in a row, 2: a k's tiles in a row)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from shardline.gemm_tuning import _time_graph_us
+    bn, bk, stages, split = walk
+    copies = max(2, -(-512 * 2**20 // (n * k * 2)))
+    shape = (n * k // bk, bk) if packed else (n, k)
+    ws = [TensorDescriptor.from_tensor(torch.empty(shape, dtype=torch.bfloat16, device="cuda"), [bn, bk])
+          for _ in range(copies)]
+    x = TensorDescriptor.from_tensor(torch.randn(64, k, dtype=torch.bfloat16, device="cuda"), [64, bk])
+    grid = (-(-n // bn), split)
+    out = torch.empty(grid[0] * split, dtype=torch.float32, device="cuda")
+    us = _time_graph_us(lambda i: _tile_walk_kernel[grid](ws[i], x, out, k, STAGES=stages, SPLIT_K=split,
+                                                          WITH_X=with_x, PACKED=packed, ROTATE=rotate,
+                                                          num_warps=4), copies)
+    return n * k * 2 / us / 1e3
 
 
 def alone_gbps(read, nbytes: int, programs: int) -> float:
@@ -143,6 +205,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--context", type=int, default=192, help="tokens each row attends over (decode_bench's mean)")
     ap.add_argument("--engine", action="store_true", help="also time the engine's step at this batch")
+    ap.add_argument("--tile-walks", action="store_true",
+                    help="also read gate/up's and down's weights as the split-K GEMM's tiles walk them (TILE_WALKS), "
+                         "with and without x's boxes, and no product")
     ap.add_argument("--gemm-config", help="the engine's tune-gemm table (with --engine)")
     args = ap.parse_args()
     if args.batch < 1 or args.context < 1:
@@ -169,6 +234,16 @@ def main() -> None:
         mean = sum(rates) / len(rates)
         if mean > best_rate:
             best, best_rate = c, mean
+
+    if args.tile_walks:
+        products = {"gate/up": (2 * cfg.intermediate_size, cfg.hidden_size), "down": (cfg.hidden_size, cfg.intermediate_size)}
+        variants = {"weights": {}, "with x": dict(with_x=True), "packed": dict(packed=1),
+                    "k-major": dict(packed=2), "k-major, x": dict(packed=2, with_x=True), "rotated": dict(rotate=True)}
+        print("\ntile walks alone, GB/s (BLOCK_N, BLOCK_K, STAGES, SPLIT_K)" + "".join(f"{v:>12}" for v in variants))
+        for product, (n, k) in products.items():
+            for walk in TILE_WALKS[product]:
+                rates = [tile_walk_gbps(n, k, walk, **dict(dict(with_x=False), **v)) for v in variants.values()]
+                print(f"{product:<8} {str(walk):<50}" + "".join(f"{r:>12.0f}" for r in rates), flush=True)
 
     buffers = [torch.empty(n // 2, dtype=torch.bfloat16, device="cuda") for _, n in reads]
     rows = []
