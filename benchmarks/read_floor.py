@@ -95,7 +95,7 @@ else:
 
 
     @triton.jit
-    def _tile_walk_kernel(w_desc, x_desc, out_ptr, K, STAGES: tl.constexpr, SPLIT_K: tl.constexpr,
+    def _tile_walk_kernel(w_desc, x_desc, out_ptr, K, bands, STAGES: tl.constexpr, SPLIT_K: tl.constexpr,
                           WITH_X: tl.constexpr, PACKED: tl.constexpr, ROTATE: tl.constexpr):
         """A split-K product's reads without its product: program (p, s) walks split s of K over
         its band of BLOCK_N weight rows in (BLOCK_N, BLOCK_K) boxes, STAGES deep, and with WITH_X
@@ -115,14 +115,20 @@ else:
         acc_x = tl.zeros([64, BLOCK_K], tl.float32)
         lo = split * per_split
         n_k = tl.cdiv(tl.minimum(K, lo + per_split) - lo, BLOCK_K)
-        for i in tl.range(0, n_k, num_stages=STAGES):
+        programs = tl.num_programs(0)
+        # Persistent (fewer programs than bands): program p walks bands p, p + programs, ... in turn,
+        # as one pipelined loop over its (band, k) steps.
+        n_steps = tl.cdiv(bands - pid, programs) * n_k
+        for j in tl.range(0, n_steps, num_stages=STAGES):
+            i = j % n_k
+            band = pid + (j // n_k) * programs
             k = lo + ((i + pid) % n_k if ROTATE else i) * BLOCK_K
             if PACKED == 2:  # k-major: the boxes of one k, across the bands, side by side
-                acc += w_desc.load([(k // BLOCK_K * tl.num_programs(0) + pid) * BLOCK_N, 0]).to(tl.float32)
+                acc += w_desc.load([(k // BLOCK_K * bands + band) * BLOCK_N, 0]).to(tl.float32)
             elif PACKED:
-                acc += w_desc.load([(pid * tl.cdiv(K, BLOCK_K) + k // BLOCK_K) * BLOCK_N, 0]).to(tl.float32)
+                acc += w_desc.load([(band * tl.cdiv(K, BLOCK_K) + k // BLOCK_K) * BLOCK_N, 0]).to(tl.float32)
             else:
-                acc += w_desc.load([pid * BLOCK_N, k]).to(tl.float32)
+                acc += w_desc.load([band * BLOCK_N, k]).to(tl.float32)
             if WITH_X:
                 acc_x += x_desc.load([0, k]).to(tl.float32)
         total = tl.sum(tl.sum(acc, axis=1), axis=0) + tl.sum(tl.sum(acc_x, axis=1), axis=0)
@@ -152,14 +158,16 @@ def launcher(config: dict, wait_first: bool, pdl: bool):
 
 # The split-K tiles' walks: (BLOCK_N, BLOCK_K, STAGES, SPLIT_K) for gate/up, then for down; the
 # first of each is the H200 table's split-K tile for it.
-TILE_WALKS = {"gate/up": [(128, 128, 4, 1), (128, 128, 3, 1), (64, 128, 4, 1), (128, 64, 6, 1)],
-              "down": [(64, 128, 5, 2), (128, 128, 4, 4), (64, 128, 4, 4), (64, 64, 6, 8)]}
+TILE_WALKS = {"gate/up": [(128, 128, 4, 1), (128, 128, 3, 1), (64, 128, 4, 1), (128, 64, 6, 1), (64, 256, 4, 1),
+                          (32, 256, 4, 1)],
+              "down": [(64, 128, 5, 2), (128, 128, 4, 4), (64, 128, 4, 4), (64, 64, 6, 8), (64, 256, 4, 2)]}
 
 
 def tile_walk_gbps(n: int, k: int, walk: tuple[int, int, int, int], with_x: bool, packed: int = 0,
-                   rotate: bool = False) -> float:
+                   rotate: bool = False, per_sm: int = 0) -> float:
     """The rate of the tile walk over [n, k] weights alone (copies cycled out of L2), row-major or
-    `packed` tile by tile (1: a band's tiles in a row, 2: a k's tiles in a row)."""
+    `packed` tile by tile (1: a band's tiles in a row, 2: a k's tiles in a row); `per_sm`: that
+    many persistent programs a multiprocessor, each walking band after band (0: one a band)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from shardline.gemm_tuning import _time_graph_us
@@ -169,9 +177,11 @@ def tile_walk_gbps(n: int, k: int, walk: tuple[int, int, int, int], with_x: bool
     ws = [TensorDescriptor.from_tensor(torch.empty(shape, dtype=torch.bfloat16, device="cuda"), [bn, bk])
           for _ in range(copies)]
     x = TensorDescriptor.from_tensor(torch.randn(64, k, dtype=torch.bfloat16, device="cuda"), [64, bk])
-    grid = (-(-n // bn), split)
+    from shardline.kernels._dispatch import sm_count
+    bands = -(-n // bn)
+    grid = (min(bands, per_sm * sm_count(torch.empty(0, device="cuda"))) if per_sm else bands, split)
     out = torch.empty(grid[0] * split, dtype=torch.float32, device="cuda")
-    us = _time_graph_us(lambda i: _tile_walk_kernel[grid](ws[i], x, out, k, STAGES=stages, SPLIT_K=split,
+    us = _time_graph_us(lambda i: _tile_walk_kernel[grid](ws[i], x, out, k, bands, STAGES=stages, SPLIT_K=split,
                                                           WITH_X=with_x, PACKED=packed, ROTATE=rotate,
                                                           num_warps=4), copies)
     return n * k * 2 / us / 1e3
@@ -238,7 +248,8 @@ def main() -> None:
     if args.tile_walks:
         products = {"gate/up": (2 * cfg.intermediate_size, cfg.hidden_size), "down": (cfg.hidden_size, cfg.intermediate_size)}
         variants = {"weights": {}, "with x": dict(with_x=True), "packed": dict(packed=1),
-                    "k-major": dict(packed=2), "k-major, x": dict(packed=2, with_x=True), "rotated": dict(rotate=True)}
+                    "k-major": dict(packed=2), "rotated": dict(rotate=True), "persistent 1": dict(per_sm=1),
+                    "persistent 2": dict(per_sm=2)}
         print("\ntile walks alone, GB/s (BLOCK_N, BLOCK_K, STAGES, SPLIT_K)" + "".join(f"{v:>12}" for v in variants))
         for product, (n, k) in products.items():
             for walk in TILE_WALKS[product]:
