@@ -32,11 +32,14 @@ from shardline.config import ModelConfig
 from shardline.model.random_weights import SHAPES
 
 # TMA tiles of BLOCK_R 512-byte rows, or pointer loads of BLOCK elements; STAGES in flight a
-# program, PER_SM programs a multiprocessor.
+# program, PER_SM programs a multiprocessor; grid-strided unless BLOCKED.
 CONFIGS = [dict(BLOCK_R=32, STAGES=8, PER_SM=1, num_warps=4), dict(BLOCK_R=32, STAGES=4, PER_SM=2, num_warps=4),
            dict(BLOCK_R=16, STAGES=8, PER_SM=2, num_warps=4), dict(BLOCK_R=64, STAGES=3, PER_SM=1, num_warps=8),
            dict(BLOCK=4096, STAGES=4, PER_SM=4, num_warps=4), dict(BLOCK=8192, STAGES=3, PER_SM=2, num_warps=8),
-           dict(BLOCK=8192, STAGES=1, PER_SM=4, num_warps=8)]
+           dict(BLOCK=8192, STAGES=1, PER_SM=4, num_warps=8),
+           # each program its own contiguous share, as a product's program reads its band
+           dict(BLOCK_R=32, STAGES=4, PER_SM=2, num_warps=4, BLOCKED=1), dict(BLOCK_R=64, STAGES=3, PER_SM=1, num_warps=8,
+                                                                              BLOCKED=1)]
 
 
 def step_reads(cfg: ModelConfig, batch: int, context: int, dtype_bytes: int = 2) -> list[tuple[str, int]]:
@@ -64,16 +67,20 @@ except ImportError:
 else:
     @triton.jit
     def _read_tma_kernel(x_desc, out_ptr, n_tiles, BLOCK_R: tl.constexpr, COLS: tl.constexpr, STAGES: tl.constexpr,
-                         WAIT_FIRST: tl.constexpr, USE_PDL: tl.constexpr):
+                         WAIT_FIRST: tl.constexpr, USE_PDL: tl.constexpr, BLOCKED: tl.constexpr):
         """Add every program-th (BLOCK_R, COLS) tile of x, from this program's on, into a tile of
         sums, then sum that into out[pid]: the copy engine (TMA) fills STAGES tiles ahead, as the
-        GEMMs' weight streams do. The PDL wait comes first or last."""
+        GEMMs' weight streams do. BLOCKED: program p reads the p-th contiguous share of the tiles
+        instead, in order (as a GEMM's program reads its own band). The PDL wait comes first or last."""
         if WAIT_FIRST:
             pdl_wait(USE_PDL)
         pid = tl.program_id(0)
+        programs = tl.num_programs(0)
+        share = tl.cdiv(n_tiles, programs)
         acc = tl.zeros([BLOCK_R, COLS], tl.float32)  # elementwise: no reduction inside the loop
-        for t in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=STAGES):
-            acc += x_desc.load([t * BLOCK_R, 0]).to(tl.float32)
+        for i in tl.range(0, share, num_stages=STAGES):
+            t = pid * share + i if BLOCKED else pid + i * programs
+            acc += x_desc.load([t * BLOCK_R, 0]).to(tl.float32)  # past the end: zeros, no reads
         if not WAIT_FIRST:
             pdl_wait(USE_PDL)
         tl.store(out_ptr + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
@@ -150,7 +157,7 @@ def launcher(config: dict, wait_first: bool, pdl: bool):
             rows = config["BLOCK_R"]
             desc = TensorDescriptor.from_tensor(x.view(-1, COLS), [rows, COLS])
             _read_tma_kernel[(programs,)](desc, out, -(-x.numel() // (rows * COLS)), BLOCK_R=rows, COLS=COLS,
-                                          **common)
+                                          BLOCKED=config.get("BLOCKED", 0), **common)
         else:
             _read_ptr_kernel[(programs,)](x, out, x.numel(), BLOCK=config["BLOCK"], **common)
     return read, programs
