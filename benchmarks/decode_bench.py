@@ -41,7 +41,7 @@ OVERLAP: bool | None = None  # --overlap / --no-overlap (None: EngineConfig's de
 BLOCK_SIZE: int | None = None  # --block-size (None: EngineConfig's default)
 # The decode attention keys an A/B may change over the kernel's choice (--attention-configs, and
 # step_tune's --attention-config).
-ATTENTION_TILE_KEYS = {"BLOCK_N", "num_warps", "num_stages", "maxnreg", "splits"}
+ATTENTION_TILE_KEYS = {"BLOCK_N", "num_warps", "num_stages", "maxnreg", "splits", "EARLY_KV"}
 
 
 def build(shape: str, dtype: str = "bf16", quantization: str = "none", max_num_seqs: int = 256,

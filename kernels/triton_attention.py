@@ -117,7 +117,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
-                   USE_PDL: tl.constexpr):
+                   EARLY_KV: tl.constexpr, USE_PDL: tl.constexpr):
     """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
     sequence). The kernel rotates q and the row's new key, writes the new key and value to the
     row's cache slot (skipped when the slot is < 0) and attends over the new token from registers:
@@ -161,6 +161,11 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     if ROTARY:
         cs_row = cos_sin_ptr + tl.load(pos_ptr + row).to(tl.int64) * stride_cs
+    if EARLY_KV:  # the first cached tile, read before the wait: an earlier step wrote it
+        offs0 = lo + tl.arange(0, BLOCK_N)
+        mask0 = offs0 < hi_cached
+        k0, v0 = _load_kv_tiles(k_cache_ptr, v_cache_ptr, bt_row, offs0, mask0, d, dmask, kvh, stride_k_blk,
+                                stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
     pdl_wait(USE_PDL)
     if ROTARY:
         q = load_rotated(q_rows, d[None, :], q_mask, cs_row, HALF, ROT)  # (G, D)
@@ -169,7 +174,13 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_P2], tl.float32)
     acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)
-    for n0 in range(lo, hi_cached, BLOCK_N):
+    first = lo
+    if EARLY_KV:
+        if lo < hi_cached:  # an empty tile would leave m at -inf and the rescale at NaN
+            acc, l_i, m_i = _online_softmax_step(q, k0, v0, mask0[None, :], acc, l_i, m_i, scale_log2,
+                                                 DOT_PRECISION)
+        first = lo + BLOCK_N
+    for n0 in range(first, hi_cached, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi_cached
         k, v = _load_kv_tiles(k_cache_ptr, v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh, stride_k_blk,
@@ -303,8 +314,10 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_p
 # --sweep --decode-shapes 64x192,64x256`, 2026-11-30: 17.4 / 22.0 us at context 192 / 256 against
 # 19.2 / 24.0), but in the engine's step three cost 0.15-0.19 ms at batch 64 and 0.06 at batch 16
 # (`decode_bench.py --attention-configs`, docs/benchmarks.md): time tiles in the step, not alone.
-# Reading the first cached K/V tile before the PDL wait lost too (batch 64 +0.15-0.23 ms, +0.08-0.15
-# with maxnreg 128; branch attention-early-kv, docs/benchmarks.md 2026-11-30 k).
+# EARLY_KV (an A/B key, off): the first cached K/V tile read into registers before the PDL wait,
+# in fused decode steps only. It lost too (batch 64 +0.15-0.23 ms; +0.08-0.15 with maxnreg 128, as
+# its 31 more registers a thread leave three programs a multiprocessor instead of four;
+# docs/benchmarks.md 2026-11-30 k).
 DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=2)
 # 2-16 rows: half the tile, no pipelining (H200, session h: batch 16 4.647-4.671 ms a step against
 # 4.741-4.776 over four alternated runs). Batch 1 lost (3.79-3.82 against 3.75), 64 rows lost
@@ -342,8 +355,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
                            max_query_len: int | None = None, max_seq_len: int | None = None,
                            decode_config: dict | None = None, prefill_config: dict | None = None,
                            num_splits: int | None = None, rotary: tuple | None = None):
-    """`decode_config`: BLOCK_N, num_warps, num_stages (and maxnreg) of the decode kernel
-    (decode_config_for's by default); its context splits are `num_splits`, else the config's
+    """`decode_config`: BLOCK_N, num_warps, num_stages (and maxnreg, EARLY_KV) of the decode
+    kernel (decode_config_for's by default); its context splits are `num_splits`, else the config's
     `splits` (how an A/B forces them), else `_num_splits`'s choice. `rotary`: (k, v, positions,
     cos_sin, rotary_dim, slot_mapping) of a decode step whose q, k and v are unrotated and not yet
     cached (see _decode_kernel); it requires max_query_len == 1."""
@@ -366,6 +379,9 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         max_ctx = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
         cfg = dict(decode_config or decode_config_for(T))
         splits = num_splits or cfg.pop("splits", None) or _num_splits(T * nkv, max_ctx, sm_count(q))
+        one_row = max_query_len == 1 and T == B  # a decode step: row r is sequence r
+        # Early K/V reads are safe only where an earlier step wrote every cached key: a fused decode step.
+        early_kv = cfg.pop("EARLY_KV", False) and one_row and rotary is not None
         hd_p2 = common["HEAD_DIM_P2"]
         if splits > 1:
             part_out = torch.empty((T, nh, splits, hd_p2), dtype=torch.float32, device=q.device)
@@ -384,7 +400,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
             scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
-            NUM_SPLITS=splits, **rot, ONE_ROW=max_query_len == 1 and T == B, **cfg, **common, **pdl_args(q))
+            NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, **cfg, **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,
