@@ -156,14 +156,26 @@ __device__ __forceinline__ u16 finish_output(float y, float up, const u16* scale
     return f2x(y);
 }
 
-// A sum over the block's nwarps warps, through red[] (nwarps floats; free again on return).
-__device__ __forceinline__ float block_sum(float v, float* red, int nwarps) {
+// A sum over the block in two halves, for callers that sync the block anyway: each warp's total
+// of v into red[warp]; then, after a __syncthreads, red_total adds the nwarps entries up.
+__device__ __forceinline__ void warp_sum_to(float v, float* red) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
+}
+
+__device__ __forceinline__ float red_total(const float* red, int nwarps) {
     float total = 0.f;
+#pragma unroll
     for (int i = 0; i < nwarps; ++i) total += red[i];
+    return total;
+}
+
+// A sum over the block's nwarps warps, through red[] (nwarps floats; free again on return).
+__device__ __forceinline__ float block_sum(float v, float* red, int nwarps) {
+    warp_sum_to(v, red);
+    __syncthreads();
+    const float total = red_total(red, nwarps);
     __syncthreads();
     return total;
 }
@@ -265,18 +277,9 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
         xs[(j + 1) * chunks + c] = make_float4(v[4], v[5], v[6], v[7]);
     }
     float rstd = 1.f;
-    if (NORM && !LN) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, off);
-        if (lane == 0) partial_sq[warp] = sum_sq;
-    }
-    __syncthreads();
-    if (NORM && !LN) {
-        sum_sq = 0.f;
-#pragma unroll
-        for (int i = 0; i < WARPS; ++i) sum_sq += partial_sq[i];
-        rstd = rsqrtf(sum_sq / K + eps);
-    }
+    if (NORM && !LN) warp_sum_to(sum_sq, partial_sq);
+    __syncthreads();  // xs written, and the squares' warp sums
+    if (NORM && !LN) rstd = rsqrtf(red_total(partial_sq, WARPS) / K + eps);
 
     for (;;) {
         float acc[NW];
@@ -644,16 +647,9 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
     }
     rstd = rsqrtf(block_sum(sq, partial_sq, WARPS + 1) / K + eps);
 #else
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, off);
-    if (lane == 0) partial_sq[warp] = sum_sq;
+    warp_sum_to(sum_sq, partial_sq);
     __syncthreads();
-    if (NORM) {
-        sum_sq = 0.f;
-#pragma unroll
-        for (int i = 0; i <= WARPS; ++i) sum_sq += partial_sq[i];
-        rstd = rsqrtf(sum_sq / K + eps);
-    }
+    if (NORM) rstd = rsqrtf(red_total(partial_sq, WARPS + 1) / K + eps);
 #endif
 
     if (warp == WARPS) {
@@ -879,14 +875,9 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 #pragma unroll
             for (int i = 0; i < 8; ++i) sum_sq = fmaf(v[i], v[i], sum_sq);
         }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, off);
-        if (lane == 0) partial_sq[warp] = sum_sq;
+        warp_sum_to(sum_sq, partial_sq);
         __syncthreads();
-        sum_sq = 0.f;
-#pragma unroll
-        for (int i = 0; i < WARPS; ++i) sum_sq += partial_sq[i];
-        rstd = rsqrtf(sum_sq / K + eps);
+        rstd = rsqrtf(red_total(partial_sq, WARPS) / K + eps);
     }
     for (int q = threadIdx.x; q < steps * KSTEP / 8; q += WARPS * 32) {
         float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
