@@ -1,14 +1,15 @@
 """The decode step's read floor: its bytes, read by the simplest kernel there is, kernel for kernel.
 
-    python -m benchmarks.read_floor [--batch 64] [--context 192] [--engine --gemm-config T]
+    python -m benchmarks.read_floor [--batch 64] [--context 192] [--engine --gemm-config T] [--tile-walks]
 
 A Llama-3-8B decode step at batch 64 reads its weights once (qkv, o, gate/up and down a layer, then
 the head) and each layer's KV cache (batch x context tokens), and little else: it is bound by
 memory. This script reads exactly those bytes, in the step's order, one kernel per product and
-one per attention (32 x 5 + 1 launches), with a kernel that only sums what it loads (its tiles
-streamed by TMA, several in flight a program, as the GEMMs' weights are), captured in one CUDA graph as the engine's step is. What that graph takes is the floor a kernel
-that does real work can hope for with the step's launches, and it splits the gap to the copy
-ceiling into what the launch boundaries cost and what the engine's kernels lose inside:
+one per attention (32 x 5 + 1 launches), with a kernel that only sums what it loads (several
+tiles in flight a program, as the GEMMs' weights are), captured in one CUDA graph as the engine's
+step is. What that graph takes is the floor a kernel that does real work can hope for with the
+step's launches, and it splits the gap to the copy ceiling into what the launch boundaries cost
+and what the engine's kernels lose inside:
 
 * each size alone (its copies cycled, so L2 holds none of it): the rate one kernel streams at;
 * the shadow step with PDL, each kernel waiting for the one before it first (as the engine's
@@ -16,7 +17,10 @@ ceiling into what the launch boundaries cost and what the engine's kernels lose 
   the boundaries cost with and without reads across them;
 * the same launched without PDL;
 * `--engine`: the engine's own step at the same batch and context, in the same process (its
-  replay and decode_bench's ms/step), as a ratio to the floor.
+  replay and decode_bench's ms/step), as a ratio to the floor;
+* `--tile-walks`: gate/up's and down's weights read as the split-K GEMM's tiles walk them, with
+  no product (TILE_WALKS; row-major, tile-packed, k-major packed, rotated, persistent): what
+  the walk costs against a contiguous read of the same bytes.
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ CONFIGS = [dict(BLOCK_R=32, STAGES=8, PER_SM=1, num_warps=4), dict(BLOCK_R=32, S
            dict(BLOCK=4096, STAGES=4, PER_SM=4, num_warps=4), dict(BLOCK=8192, STAGES=3, PER_SM=2, num_warps=8),
            dict(BLOCK=8192, STAGES=1, PER_SM=4, num_warps=8),
            # each program its own contiguous share, as a product's program reads its band
-           dict(BLOCK_R=32, STAGES=4, PER_SM=2, num_warps=4, BLOCKED=1), dict(BLOCK_R=64, STAGES=3, PER_SM=1, num_warps=8,
-                                                                              BLOCKED=1)]
+           dict(BLOCK_R=32, STAGES=4, PER_SM=2, num_warps=4, BLOCKED=1),
+           dict(BLOCK_R=64, STAGES=3, PER_SM=1, num_warps=8, BLOCKED=1)]
 
 
 def step_reads(cfg: ModelConfig, batch: int, context: int, dtype_bytes: int = 2) -> list[tuple[str, int]]:
@@ -99,7 +103,6 @@ else:
         if not WAIT_FIRST:
             pdl_wait(USE_PDL)
         tl.store(out_ptr + pid, tl.sum(acc, axis=0))
-
 
     @triton.jit
     def _tile_walk_kernel(w_desc, x_desc, out_ptr, K, bands, STAGES: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -163,8 +166,9 @@ def launcher(config: dict, wait_first: bool, pdl: bool):
     return read, programs
 
 
-# The split-K tiles' walks: (BLOCK_N, BLOCK_K, STAGES, SPLIT_K) for gate/up, then for down; the
-# first of each is the H200 table's split-K tile for it.
+# The split-K tiles' walks: (BLOCK_N, BLOCK_K, STAGES, SPLIT_K) for gate/up, then for down: the
+# first of gate/up's is its tile in the H200 table, the first of down's the split-K tile the ring
+# replaced there.
 TILE_WALKS = {"gate/up": [(128, 128, 4, 1), (128, 128, 3, 1), (64, 128, 4, 1), (128, 64, 6, 1), (64, 256, 4, 1),
                           (32, 256, 4, 1)],
               "down": [(64, 128, 5, 2), (128, 128, 4, 4), (64, 128, 4, 4), (64, 64, 6, 8), (64, 256, 4, 2)]}
@@ -178,13 +182,13 @@ def tile_walk_gbps(n: int, k: int, walk: tuple[int, int, int, int], with_x: bool
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from shardline.gemm_tuning import _time_graph_us
+    from shardline.kernels._dispatch import sm_count
     bn, bk, stages, split = walk
     copies = max(2, -(-512 * 2**20 // (n * k * 2)))
     shape = (n * k // bk, bk) if packed else (n, k)
     ws = [TensorDescriptor.from_tensor(torch.empty(shape, dtype=torch.bfloat16, device="cuda"), [bn, bk])
           for _ in range(copies)]
     x = TensorDescriptor.from_tensor(torch.randn(64, k, dtype=torch.bfloat16, device="cuda"), [64, bk])
-    from shardline.kernels._dispatch import sm_count
     bands = -(-n // bn)
     grid = (min(bands, per_sm * sm_count(torch.empty(0, device="cuda"))) if per_sm else bands, split)
     out = torch.empty(grid[0] * split, dtype=torch.float32, device="cuda")
@@ -205,6 +209,7 @@ def alone_gbps(read, nbytes: int, programs: int) -> float:
 
 
 def shadow_step_ms(read, buffers: list[torch.Tensor], programs: int) -> float:
+    """One replay of a graph that reads each buffer in turn, one launch each (best of three)."""
     from shardline.step_tuning import replay_ms
     out = torch.empty(programs, dtype=torch.float32, device="cuda")
     read(buffers[0], out)
@@ -238,7 +243,8 @@ def main() -> None:
     total = sum(n for _, n in reads)
     gpu = torch.cuda.get_device_name()
     print(f"{gpu}  {datetime.date.today().isoformat()}\n$ {' '.join(sys.argv)}")
-    print(f"{args.shape}, batch {args.batch}, context {args.context}: {len(reads)} kernels, {total / 1e9:.2f} GB a step")
+    print(f"{args.shape}, batch {args.batch}, context {args.context}: {len(reads)} kernels, "
+          f"{total / 1e9:.2f} GB a step")
 
     sizes = sorted({n for _, n in reads})
     names = {n: name for name, n in reversed(reads)}
@@ -253,14 +259,15 @@ def main() -> None:
             best, best_rate = c, mean
 
     if args.tile_walks:
-        products = {"gate/up": (2 * cfg.intermediate_size, cfg.hidden_size), "down": (cfg.hidden_size, cfg.intermediate_size)}
+        products = {"gate/up": (2 * cfg.intermediate_size, cfg.hidden_size),
+                    "down": (cfg.hidden_size, cfg.intermediate_size)}
         variants = {"weights": {}, "with x": dict(with_x=True), "packed": dict(packed=1),
                     "k-major": dict(packed=2), "rotated": dict(rotate=True), "persistent 1": dict(per_sm=1),
                     "persistent 2": dict(per_sm=2)}
         print("\ntile walks alone, GB/s (BLOCK_N, BLOCK_K, STAGES, SPLIT_K)" + "".join(f"{v:>12}" for v in variants))
         for product, (n, k) in products.items():
             for walk in TILE_WALKS[product]:
-                rates = [tile_walk_gbps(n, k, walk, **dict(dict(with_x=False), **v)) for v in variants.values()]
+                rates = [tile_walk_gbps(n, k, walk, **{"with_x": False, **v}) for v in variants.values()]
                 print(f"{product:<8} {str(walk):<50}" + "".join(f"{r:>12.0f}" for r in rates), flush=True)
 
     buffers = [torch.empty(n // 2, dtype=torch.bfloat16, device="cuda") for _, n in reads]
