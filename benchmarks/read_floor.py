@@ -166,15 +166,16 @@ def launcher(config: dict, wait_first: bool, pdl: bool):
     return read, programs
 
 
-# The split-K tiles' walks: (BLOCK_N, BLOCK_K, STAGES, SPLIT_K) for gate/up, then for down: the
-# first of gate/up's is its tile in the H200 table, the first of down's the split-K tile the ring
-# replaced there.
+# The split-K tiles' walks: (BLOCK_N, BLOCK_K, STAGES, SPLIT_K[, warps]) for gate/up, then for
+# down: the first of gate/up's is its tile in the H200 table, the first of down's the split-K tile
+# the ring replaced there; the last of gate/up's, with 8 warps, is the walk of the contiguous read
+# that streams 4.35 TB/s one program a multiprocessor (BLOCK_R 64, 3 stages, BLOCKED).
 TILE_WALKS = {"gate/up": [(128, 128, 4, 1), (128, 128, 3, 1), (64, 128, 4, 1), (128, 64, 6, 1), (64, 256, 4, 1),
-                          (32, 256, 4, 1)],
+                          (32, 256, 4, 1), (64, 256, 3, 1, 8)],
               "down": [(64, 128, 5, 2), (128, 128, 4, 4), (64, 128, 4, 4), (64, 64, 6, 8), (64, 256, 4, 2)]}
 
 
-def tile_walk_gbps(n: int, k: int, walk: tuple[int, int, int, int], with_x: bool, packed: int = 0,
+def tile_walk_gbps(n: int, k: int, walk: tuple[int, ...], with_x: bool, packed: int = 0,
                    rotate: bool = False, per_sm: int = 0) -> float:
     """The rate of the tile walk over [n, k] weights alone (copies cycled out of L2), row-major or
     `packed` tile by tile (1: a band's tiles in a row, 2: a k's tiles in a row); `per_sm`: that
@@ -183,7 +184,7 @@ def tile_walk_gbps(n: int, k: int, walk: tuple[int, int, int, int], with_x: bool
 
     from shardline.gemm_tuning import _time_graph_us
     from shardline.kernels._dispatch import sm_count
-    bn, bk, stages, split = walk
+    bn, bk, stages, split, warps = (*walk, 4) if len(walk) == 4 else walk
     copies = max(2, -(-512 * 2**20 // (n * k * 2)))
     shape = (n * k // bk, bk) if packed else (n, k)
     ws = [TensorDescriptor.from_tensor(torch.empty(shape, dtype=torch.bfloat16, device="cuda"), [bn, bk])
@@ -194,7 +195,7 @@ def tile_walk_gbps(n: int, k: int, walk: tuple[int, int, int, int], with_x: bool
     out = torch.empty(grid[0] * split, dtype=torch.float32, device="cuda")
     us = _time_graph_us(lambda i: _tile_walk_kernel[grid](ws[i], x, out, k, bands, STAGES=stages, SPLIT_K=split,
                                                           WITH_X=with_x, PACKED=packed, ROTATE=rotate,
-                                                          num_warps=4), copies)
+                                                          num_warps=warps), copies)
     return n * k * 2 / us / 1e3
 
 
@@ -263,12 +264,13 @@ def main() -> None:
                     "down": (cfg.hidden_size, cfg.intermediate_size)}
         variants = {"weights": {}, "with x": dict(with_x=True), "packed": dict(packed=1),
                     "k-major": dict(packed=2), "rotated": dict(rotate=True), "persistent 1": dict(per_sm=1),
-                    "persistent 2": dict(per_sm=2)}
-        print("\ntile walks alone, GB/s (BLOCK_N, BLOCK_K, STAGES, SPLIT_K)" + "".join(f"{v:>12}" for v in variants))
+                    "persistent 2": dict(per_sm=2), "packed, pers. 1": dict(packed=1, per_sm=1)}
+        print("\ntile walks alone, GB/s (BLOCK_N, BLOCK_K, STAGES, SPLIT_K[, warps])"
+              + "".join(f"{v:>16}" for v in variants))
         for product, (n, k) in products.items():
             for walk in TILE_WALKS[product]:
                 rates = [tile_walk_gbps(n, k, walk, **{"with_x": False, **v}) for v in variants.values()]
-                print(f"{product:<8} {str(walk):<50}" + "".join(f"{r:>12.0f}" for r in rates), flush=True)
+                print(f"{product:<8} {str(walk):<50}" + "".join(f"{r:>16.0f}" for r in rates), flush=True)
 
     buffers = [torch.empty(n // 2, dtype=torch.bfloat16, device="cuda") for _, n in reads]
     rows = []
