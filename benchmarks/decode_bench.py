@@ -44,6 +44,19 @@ BLOCK_SIZE: int | None = None  # --block-size (None: EngineConfig's default)
 ATTENTION_TILE_KEYS = {"BLOCK_N", "num_warps", "num_stages", "maxnreg", "splits", "EARLY_KV"}
 
 
+def attention_config_problem(c) -> str | None:
+    """What is wrong with one decode attention override (a JSON object of ATTENTION_TILE_KEYS), or
+    None: checked here, before the GPU, rather than as a Triton compile error mid-run."""
+    if not isinstance(c, dict) or not set(c) <= ATTENTION_TILE_KEYS:
+        return f"keys from {sorted(ATTENTION_TILE_KEYS)}"
+    splits = c.get("splits", 1)
+    if not (isinstance(splits, int) and 1 <= splits <= 64 and splits & (splits - 1) == 0):
+        return f"splits={splits!r}: a power of two from 1 to 64 (the context splits a row's keys take)"
+    if not isinstance(c.get("EARLY_KV", False), bool):
+        return f"EARLY_KV={c['EARLY_KV']!r}: true or false"
+    return None
+
+
 def build(shape: str, dtype: str = "bf16", quantization: str = "none", max_num_seqs: int = 256,
           kv_bytes: int = 24 << 30, max_model_len: int = 4096, device: str = "cuda") -> LocalPipeline:
     engine = step_tuning.random_engine(ModelConfig(**SHAPES[shape]), dtype, quantization, max_num_seqs, device,
@@ -233,11 +246,12 @@ def main() -> None:
         return
     if args.gemm_configs and args.attention_configs:
         ap.error("--gemm-configs and --attention-configs each A/B the whole run: pass one of them")
-    if args.attention_configs is not None and not (
-            isinstance(args.attention_configs, list)
-            and all(isinstance(c, dict) and set(c) <= ATTENTION_TILE_KEYS for c in args.attention_configs)):
-        ap.error(f"--attention-configs takes a JSON list of objects with keys from {sorted(ATTENTION_TILE_KEYS)}, "
-                 f'e.g. \'[{{"num_stages": 2}}, {{"num_stages": 3}}]\'; got {args.attention_configs!r}')
+    if args.attention_configs is not None:
+        problems = ([attention_config_problem(c) for c in args.attention_configs]
+                    if isinstance(args.attention_configs, list) else ["a list"])
+        if any(problems):
+            ap.error(f"--attention-configs takes a JSON list of objects ({next(p for p in problems if p)}), "
+                     f'e.g. \'[{{"num_stages": 2}}, {{"num_stages": 3}}]\'; got {args.attention_configs!r}')
     if args.ab_rounds < 1:
         ap.error(f"--ab-rounds must be >= 1, got {args.ab_rounds}")
     if args.block_size is not None and (args.block_size < 1 or args.block_size & (args.block_size - 1)):

@@ -33,6 +33,7 @@ import sys
 import torch
 
 from shardline.config import ModelConfig
+from shardline.gemm_tuning import linear_shapes
 from shardline.model.random_weights import SHAPES
 
 # TMA tiles of BLOCK_R 512-byte rows, or pointer loads of BLOCK elements; STAGES in flight a
@@ -48,15 +49,14 @@ CONFIGS = [dict(BLOCK_R=32, STAGES=8, PER_SM=1, num_warps=4), dict(BLOCK_R=32, S
 
 def step_reads(cfg: ModelConfig, batch: int, context: int, dtype_bytes: int = 2) -> list[tuple[str, int]]:
     """(name, bytes) of each kernel of a decode step, in order: per layer qkv, attention's KV, o,
-    gate/up, down; then the head. Norms and activations are a few rows and are left out."""
-    hd, b = cfg.head_dim, dtype_bytes
-    qkv = cfg.hidden_size * (cfg.num_heads + 2 * cfg.num_kv_heads) * hd * b
-    o = cfg.num_heads * hd * cfg.hidden_size * b
-    up = cfg.hidden_size * (2 if cfg.activation == "silu_glu" else 1) * cfg.intermediate_size * b
-    down = cfg.intermediate_size * cfg.hidden_size * b
-    kv = batch * context * cfg.num_kv_heads * hd * 2 * b
-    layer = [("qkv", qkv), ("attention KV", kv), ("o", o), ("gate/up", up), ("down", down)]
-    return [item for _ in range(cfg.num_layers) for item in layer] + [("head", cfg.vocab_size * cfg.hidden_size * b)]
+    gate/up, down; then the head (the linears' shapes are tune-gemm's, one rank's). Norms and
+    activations are a few rows and are left out."""
+    shapes = linear_shapes(cfg)
+    size = {name: n * k * dtype_bytes for name, (n, k) in shapes.items()}
+    kv = batch * context * cfg.num_kv_heads * cfg.head_dim * 2 * dtype_bytes
+    layer = [("qkv", size["qkv_proj"]), ("attention KV", kv), ("o", size["o_proj"]), ("gate/up", size["up_proj"]),
+             ("down", size["down_proj"])]
+    return [item for _ in range(cfg.num_layers) for item in layer] + [("head", size["lm_head"])]
 
 
 COLS = 256  # elements of a row of the 2-D view a tensor descriptor reads: 512 bytes
@@ -260,8 +260,8 @@ def main() -> None:
             best, best_rate = c, mean
 
     if args.tile_walks:
-        products = {"gate/up": (2 * cfg.intermediate_size, cfg.hidden_size),
-                    "down": (cfg.hidden_size, cfg.intermediate_size)}
+        shapes = linear_shapes(cfg)
+        products = {"gate/up": shapes["up_proj"], "down": shapes["down_proj"]}
         variants = {"weights": {}, "with x": dict(with_x=True), "packed": dict(packed=1),
                     "k-major": dict(packed=2), "rotated": dict(rotate=True), "persistent 1": dict(per_sm=1),
                     "persistent 2": dict(per_sm=2), "packed, pers. 1": dict(packed=1, per_sm=1)}

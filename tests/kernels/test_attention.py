@@ -311,3 +311,13 @@ def test_rotary_decode_attention_public_name(device, rows):
                                   kw["block_tables"], kw["seq_lens"], kw["query_start_loc"], kw["scale"])
     assert_close(out, want, "rotary decode attention")
     assert_close(kw["k_cache"], want_k, "the cache after the step")
+
+
+def test_decode_splits_not_a_power_of_two_are_named():
+    """A forced split count the combine kernel cannot take is a ValueError before any launch."""
+    pytest.importorskip("triton", reason="the Triton wrapper checks it")
+    from shardline.kernels.triton_attention import paged_attention_triton
+    q, kw = make_paged_batch([(5, 1), (9, 1)], 4, 2, 16)
+    for bad in (3, 128):
+        with pytest.raises(ValueError, match=f"splits={bad}: a power of two"):
+            paged_attention_triton(q, **kw, max_query_len=1, decode_config={"splits": bad})
