@@ -27,9 +27,9 @@ from shardline.kernels.triton_attention import _decode_kernel
 SM_REGISTERS, SM_SHARED, SM_PROGRAMS = 65536, 227 * 1024, 32  # Hopper, per multiprocessor
 
 
-def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False):
+def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False, opaque_bt: bool = False):
     """The decode kernel as the engine launches it at batch <= 64 (one query row a sequence, no
-    context splits), for sm_90; `early_kv`: SHARDLINE_ATTENTION_EARLY_KV's form."""
+    context splits), for sm_90; `early_kv`, `opaque_bt`: the config keys EARLY_KV and OPAQUE_BT."""
     fn = _decode_kernel
     order = list(fn.arg_names)
     sig = {n: "*bf16" for n in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "k_new_ptr", "v_new_ptr")}
@@ -39,7 +39,7 @@ def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False
     sig |= {n: "i32" for n in order if n.startswith("stride")}
     constexprs = dict(GROUP=4, GROUP_P2=16, HEAD_DIM=128, HEAD_DIM_P2=128, BLOCK_SIZE=16, BLOCK_N=block_n,
                       NUM_SPLITS=1, SEQS_P2=64, DOT_PRECISION="tf32", ROTARY=True, HALF=64, ROT=128, ONE_ROW=True,
-                      EARLY_KV=early_kv, USE_PDL=True)
+                      EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, USE_PDL=True)
     sig |= {k: "constexpr" for k in constexprs}
     aligned = [n for n in order if sig[n].startswith("*") or n.startswith("stride")]
     src = ASTSource(fn=fn, signature={n: sig[n] for n in order},
@@ -63,15 +63,18 @@ def main() -> None:
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--early-kv", action="store_true", help="the form that reads its first K/V tile before the PDL wait")
+    ap.add_argument("--opaque-bt", action="store_true",
+                    help="the form that reads block ids by inline PTX, so that the K/V tiles pipeline (OPAQUE_BT)")
     args = ap.parse_args()
     if min(args.stages) < 1 or args.block_n < 16 or args.block_n & (args.block_n - 1) or args.warps not in (1, 2, 4, 8):
         ap.error(f"--stages {args.stages}, --block-n {args.block_n}, --warps {args.warps}: stages >= 1, BLOCK_N a "
                  "power of two >= 16 (the kernel's dot), warps one of 1, 2, 4, 8")
     print(f"decode attention, Llama-3-8B shapes, BLOCK_N {args.block_n}, {args.warps} warps, sm_90"
-          + (", first K/V tile before the PDL wait" if args.early_kv else ""))
+          + (", first K/V tile before the PDL wait" if args.early_kv else "")
+          + (", block ids by inline PTX" if args.opaque_bt else ""))
     print(f"{'stages':>6} {'shared KB':>9} {'regs':>5} {'spill B':>7} {'programs/SM':>11} {'shared left KB':>14}")
     for stages in args.stages:
-        kernel = compile_decode(stages, args.block_n, args.warps, args.early_kv)
+        kernel = compile_decode(stages, args.block_n, args.warps, args.early_kv, args.opaque_bt)
         regs, spills = _ptxas(kernel.asm["ptx"])
         shared = kernel.metadata.shared
         n = resident(shared, regs, args.warps)

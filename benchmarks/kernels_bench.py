@@ -297,6 +297,10 @@ def bench_decode_attention(sweep: bool, shapes=DECODE_SHAPES) -> None:
                 cfg = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages)
                 bench("decode attention", shape, f"triton BLOCK_N={block_n} warps={warps} stages={stages}",
                       make(paged_attention_triton, decode_config=cfg), nbytes)
+            for block_n, stages in ((64, 2), (64, 3), (32, 3), (32, 4), (32, 6)):  # block ids by inline PTX
+                cfg = dict(BLOCK_N=block_n, num_warps=4, num_stages=stages, OPAQUE_BT=True)
+                bench("decode attention", shape, f"triton BLOCK_N={block_n} stages={stages} OPAQUE_BT",
+                      make(paged_attention_triton, decode_config=cfg), nbytes)
             for splits in (1, 2, 4, 8, 32):
                 bench("decode attention", shape, f"triton splits={splits}",
                       make(paged_attention_triton, num_splits=splits), nbytes)

@@ -1,6 +1,7 @@
 """The decode step's read floor: its bytes, read by the simplest kernel there is, kernel for kernel.
 
     python -m benchmarks.read_floor [--batch 64] [--context 192] [--engine --gemm-config T] [--tile-walks]
+                                    [--attention-walks]
 
 A Llama-3-8B decode step at batch 64 reads its weights once (qkv, o, gate/up and down a layer, then
 the head) and each layer's KV cache (batch x context tokens), and little else: it is bound by
@@ -20,7 +21,10 @@ and what the engine's kernels lose inside:
   replay and decode_bench's ms/step), as a ratio to the floor;
 * `--tile-walks`: gate/up's and down's weights read as the split-K GEMM's tiles walk them, with
   no product (TILE_WALKS; row-major, tile-packed, k-major packed, rotated, persistent): what
-  the walk costs against a contiguous read of the same bytes.
+  the walk costs against a contiguous read of the same bytes; `even` columns deal the (band, k)
+  steps evenly over persistent programs, as a stream-K GEMM would;
+* `--attention-walks`: one layer's K and V read through the block table as decode attention walks
+  them (KV_WALKS), with no math: what the paged walk costs, and what the kernel adds to it.
 """
 
 from __future__ import annotations
@@ -106,7 +110,7 @@ else:
 
     @triton.jit
     def _tile_walk_kernel(w_desc, x_desc, out_ptr, K, bands, STAGES: tl.constexpr, SPLIT_K: tl.constexpr,
-                          WITH_X: tl.constexpr, PACKED: tl.constexpr, ROTATE: tl.constexpr):
+                          WITH_X: tl.constexpr, PACKED: tl.constexpr, ROTATE: tl.constexpr, EVEN: tl.constexpr):
         """A split-K product's reads without its product: program (p, s) walks split s of K over
         its band of BLOCK_N weight rows in (BLOCK_N, BLOCK_K) boxes, STAGES deep, and with WITH_X
         also the (64, BLOCK_K) box of x (L2-resident) a step, as a GEMM tile does. Every box is
@@ -116,7 +120,9 @@ else:
         read one contiguous window; row-major, a box is BLOCK_N runs of BLOCK_K * 2 bytes, each
         in another weight row.
         ROTATE: program p starts its walk p tiles into its split (and wraps), so that programs
-        moving in step do not all ask for the same offset of their bands at once."""
+        moving in step do not all ask for the same offset of their bands at once.
+        EVEN (persistent, SPLIT_K 1): the (band, k) steps dealt evenly, program p the p-th run of
+        them (as a stream-K GEMM deals them); packed, each program's run is one contiguous range."""
         BLOCK_N: tl.constexpr = w_desc.block_shape[0]
         BLOCK_K: tl.constexpr = w_desc.block_shape[1]
         pid, split = tl.program_id(0), tl.program_id(1)
@@ -128,10 +134,20 @@ else:
         programs = tl.num_programs(0)
         # Persistent (fewer programs than bands): program p walks bands p, p + programs, ... in turn,
         # as one pipelined loop over its (band, k) steps.
-        n_steps = tl.cdiv(bands - pid, programs) * n_k
+        if EVEN:
+            share = tl.cdiv(bands * n_k, programs)
+            first = pid * share
+            n_steps = tl.minimum(share, bands * n_k - first)
+        else:
+            first = 0
+            n_steps = tl.cdiv(bands - pid, programs) * n_k
         for j in tl.range(0, n_steps, num_stages=STAGES):
-            i = j % n_k
-            band = pid + (j // n_k) * programs
+            if EVEN:
+                i = (first + j) % n_k
+                band = (first + j) // n_k
+            else:
+                i = j % n_k
+                band = pid + (j // n_k) * programs
             k = lo + ((i + pid) % n_k if ROTATE else i) * BLOCK_K
             if PACKED == 2:  # k-major: the boxes of one k, across the bands, side by side
                 acc += w_desc.load([(k // BLOCK_K * bands + band) * BLOCK_N, 0]).to(tl.float32)
@@ -143,6 +159,40 @@ else:
                 acc_x += x_desc.load([0, k]).to(tl.float32)
         total = tl.sum(tl.sum(acc, axis=1), axis=0) + tl.sum(tl.sum(acc_x, axis=1), axis=0)
         tl.store(out_ptr + pid * SPLIT_K + split, total)
+
+
+    @triton.jit
+    def _kv_walk_kernel(k_ptr, v_ptr, bt_ptr, out_ptr, context, rows, n_kv, stride_bt, stride_blk, stride_tok,
+                        BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                        STAGES: tl.constexpr, EVEN: tl.constexpr):
+        """Decode attention's reads without its math: the K and V tiles of BLOCK_N tokens of one
+        (row, kv head) through the row's block table, only added up. One program an item, its
+        tiles in turn (the decode kernel's walk), or EVEN: persistent, the (item, tile) steps
+        dealt evenly, so that each program streams from one item into the next."""
+        pid = tl.program_id(0)
+        programs = tl.num_programs(0)
+        n_tiles = tl.cdiv(context, BLOCK_N)
+        if EVEN:
+            share = tl.cdiv(rows * n_kv * n_tiles, programs)
+            first = pid * share
+            n_steps = tl.minimum(share, rows * n_kv * n_tiles - first)
+        else:
+            first = pid * n_tiles
+            n_steps = n_tiles
+        d = tl.arange(0, HEAD_DIM)
+        acc = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+        for j in tl.range(0, n_steps, num_stages=STAGES):
+            step = first + j
+            item = step // n_tiles
+            row, kvh = item % rows, item // rows  # rows fastest, as the decode kernel's grid
+            offs = (step % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask = offs < context
+            blk = tl.load(bt_ptr + row * stride_bt + offs // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
+            base = blk * stride_blk + (offs % BLOCK_SIZE) * stride_tok + kvh * HEAD_DIM
+            ptrs = base[:, None] + d[None, :]
+            acc += tl.load(k_ptr + ptrs, mask=mask[:, None], other=0.0).to(tl.float32)
+            acc += tl.load(v_ptr + ptrs, mask=mask[:, None], other=0.0).to(tl.float32)
+        tl.store(out_ptr + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
 
 
 def launcher(config: dict, wait_first: bool, pdl: bool):
@@ -172,14 +222,15 @@ def launcher(config: dict, wait_first: bool, pdl: bool):
 # that streams 4.35 TB/s one program a multiprocessor (BLOCK_R 64, 3 stages, BLOCKED).
 TILE_WALKS = {"gate/up": [(128, 128, 4, 1), (128, 128, 3, 1), (64, 128, 4, 1), (128, 64, 6, 1), (64, 256, 4, 1),
                           (32, 256, 4, 1), (64, 256, 3, 1, 8)],
-              "down": [(64, 128, 5, 2), (128, 128, 4, 4), (64, 128, 4, 4), (64, 64, 6, 8), (64, 256, 4, 2)]}
+              "down": [(64, 128, 5, 2), (64, 128, 4, 1), (128, 128, 4, 4), (64, 128, 4, 4), (64, 64, 6, 8), (64, 256, 4, 2)]}
 
 
 def tile_walk_gbps(n: int, k: int, walk: tuple[int, ...], with_x: bool, packed: int = 0,
-                   rotate: bool = False, per_sm: int = 0) -> float:
+                   rotate: bool = False, per_sm: int = 0, even: bool = False) -> float:
     """The rate of the tile walk over [n, k] weights alone (copies cycled out of L2), row-major or
     `packed` tile by tile (1: a band's tiles in a row, 2: a k's tiles in a row); `per_sm`: that
-    many persistent programs a multiprocessor, each walking band after band (0: one a band)."""
+    many persistent programs a multiprocessor, each walking band after band (0: one a band), or
+    with `even` an equal run of the (band, k) steps (SPLIT_K 1 only)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from shardline.gemm_tuning import _time_graph_us
@@ -195,8 +246,36 @@ def tile_walk_gbps(n: int, k: int, walk: tuple[int, ...], with_x: bool, packed: 
     out = torch.empty(grid[0] * split, dtype=torch.float32, device="cuda")
     us = _time_graph_us(lambda i: _tile_walk_kernel[grid](ws[i], x, out, k, bands, STAGES=stages, SPLIT_K=split,
                                                           WITH_X=with_x, PACKED=packed, ROTATE=rotate,
-                                                          num_warps=warps), copies)
+                                                          EVEN=even, num_warps=warps), copies)
     return n * k * 2 / us / 1e3
+
+
+# Decode attention's walks: (BLOCK_N, STAGES, programs a multiprocessor; 0: one program an item).
+KV_WALKS = [(64, 2, 0), (64, 3, 0), (32, 3, 0), (64, 3, 1), (64, 4, 1), (32, 4, 1), (32, 6, 1), (64, 3, 2), (32, 4, 2)]
+
+
+def kv_walk_us(cfg: ModelConfig, batch: int, context: int, walk: tuple[int, int, int],
+               block_size: int = 16) -> float:
+    """Microseconds one layer's K and V reads take walked as decode attention walks them (KV_WALKS),
+    over caches of block_size-token blocks, each row's blocks in a run (as after a fresh prefill),
+    copies cycled out of L2."""
+    from shardline.gemm_tuning import _time_graph_us
+    from shardline.kernels._dispatch import sm_count
+    block_n, stages, per_sm = walk
+    n_blocks = -(-context // block_size)
+    shape = (batch * n_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    copies = max(2, -(-512 * 2**20 // (2 * batch * n_blocks * block_size * cfg.num_kv_heads * cfg.head_dim * 2)))
+    caches = [(torch.empty(shape, dtype=torch.bfloat16, device="cuda"),
+               torch.empty(shape, dtype=torch.bfloat16, device="cuda")) for _ in range(copies)]
+    bt = torch.arange(batch * n_blocks, dtype=torch.int32, device="cuda").view(batch, n_blocks)
+    items = batch * cfg.num_kv_heads
+    programs = per_sm * sm_count(bt) if per_sm else items
+    out = torch.empty(programs, dtype=torch.float32, device="cuda")
+    k0 = caches[0][0]
+    return _time_graph_us(lambda i: _kv_walk_kernel[(programs,)](
+        caches[i][0], caches[i][1], bt, out, context, batch, cfg.num_kv_heads, bt.stride(0), k0.stride(0),
+        k0.stride(1), BLOCK_N=block_n, BLOCK_SIZE=block_size, HEAD_DIM=cfg.head_dim, STAGES=stages,
+        EVEN=bool(per_sm), num_warps=4), copies)
 
 
 def alone_gbps(read, nbytes: int, programs: int) -> float:
@@ -231,6 +310,8 @@ def main() -> None:
     ap.add_argument("--tile-walks", action="store_true",
                     help="also read gate/up's and down's weights as the split-K GEMM's tiles walk them (TILE_WALKS), "
                          "with and without x's boxes, and no product")
+    ap.add_argument("--attention-walks", action="store_true",
+                    help="also read a layer's K and V as decode attention walks them (KV_WALKS), with no math")
     ap.add_argument("--gemm-config", help="the engine's tune-gemm table (with --engine)")
     args = ap.parse_args()
     if args.batch < 1 or args.context < 1:
@@ -264,13 +345,24 @@ def main() -> None:
         products = {"gate/up": shapes["up_proj"], "down": shapes["down_proj"]}
         variants = {"weights": {}, "with x": dict(with_x=True), "packed": dict(packed=1),
                     "k-major": dict(packed=2), "rotated": dict(rotate=True), "persistent 1": dict(per_sm=1),
-                    "persistent 2": dict(per_sm=2), "packed, pers. 1": dict(packed=1, per_sm=1)}
+                    "persistent 2": dict(per_sm=2), "packed, pers. 1": dict(packed=1, per_sm=1),
+                    "even 1": dict(per_sm=1, even=True), "packed, even 1": dict(packed=1, per_sm=1, even=True),
+                    "packed, even 2": dict(packed=1, per_sm=2, even=True)}
         print("\ntile walks alone, GB/s (BLOCK_N, BLOCK_K, STAGES, SPLIT_K[, warps])"
               + "".join(f"{v:>16}" for v in variants))
         for product, (n, k) in products.items():
             for walk in TILE_WALKS[product]:
-                rates = [tile_walk_gbps(n, k, walk, **{"with_x": False, **v}) for v in variants.values()]
+                rates = [tile_walk_gbps(n, k, walk, **{"with_x": False, **v}) if walk[3] == 1 or not v.get("even")
+                         else float("nan") for v in variants.values()]
                 print(f"{product:<8} {str(walk):<50}" + "".join(f"{r:>16.0f}" for r in rates), flush=True)
+
+    if args.attention_walks:
+        kv = dict(reads)["attention KV"]
+        print(f"\nattention walks alone, one layer's K and V ({kv / 1e6:.1f} MB): (BLOCK_N, STAGES, programs a "
+              "multiprocessor; 0: one an item)")
+        for walk in KV_WALKS:
+            us = kv_walk_us(cfg, args.batch, args.context, walk)
+            print(f"{str(walk):<16}{us:>8.1f} us{kv / us / 1e3:>8.0f} GB/s", flush=True)
 
     buffers = [torch.empty(n // 2, dtype=torch.bfloat16, device="cuda") for _, n in reads]
     rows = []

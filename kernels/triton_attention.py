@@ -18,6 +18,7 @@ Softmax runs in the exp2 domain (scale folded with log2 e), accumulation in fp32
 
 from __future__ import annotations
 
+import os
 
 import torch
 import triton
@@ -63,9 +64,21 @@ def write_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
 
 
 @triton.jit
-def _tile_blocks(bt_row_ptr, offs_n, mask_n, BLOCK_SIZE: tl.constexpr):
-    """The cache block of each sequence position offs_n (one load serves the K and the V tile)."""
-    return tl.load(bt_row_ptr + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
+def _tile_blocks(bt_row_ptr, offs_n, mask_n, BLOCK_SIZE: tl.constexpr, OPAQUE_BT: tl.constexpr = False):
+    """The cache block of each sequence position offs_n (one load serves the K and the V tile).
+
+    OPAQUE_BT: read the block ids with inline PTX, which Triton's pipeliner does not see as a load.
+    Seen as a load, it takes a pipeline stage of its own ahead of the K/V tiles that depend on it,
+    which leaves those one shared buffer, so a tile's copy is waited for whole (cp.async.wait_group
+    0) before its math and the next copy is issued only after it; unseen, num_stages S gives the
+    tiles S - 1 buffers and S - 2 tiles in flight during the math. (Masked lanes read entry 0.)"""
+    if OPAQUE_BT:
+        ptrs = bt_row_ptr + tl.where(mask_n, offs_n // BLOCK_SIZE, 0)
+        blk = tl.inline_asm_elementwise("ld.global.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=True,
+                                        pack=1)
+    else:
+        blk = tl.load(bt_row_ptr + offs_n // BLOCK_SIZE, mask=mask_n, other=0)
+    return blk.to(tl.int64)
 
 
 @triton.jit
@@ -79,9 +92,10 @@ def _load_kv_tile(cache_ptr, blk, offs_n, mask_n, dims, dmask, kvh,
 
 @triton.jit
 def _load_kv_tiles(k_cache_ptr, v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh, stride_k_blk, stride_k_tok,
-                   stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE: tl.constexpr):
+                   stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE: tl.constexpr,
+                   OPAQUE_BT: tl.constexpr = False):
     """The K and the V tile, (N, D) each, of one kv head at the sequence positions offs_n."""
-    blk = _tile_blocks(bt_row, offs_n, mask_n, BLOCK_SIZE)
+    blk = _tile_blocks(bt_row, offs_n, mask_n, BLOCK_SIZE, OPAQUE_BT)
     k = _load_kv_tile(k_cache_ptr, blk, offs_n, mask_n, d, dmask, kvh, stride_k_blk, stride_k_tok, stride_k_h,
                       BLOCK_SIZE)
     v = _load_kv_tile(v_cache_ptr, blk, offs_n, mask_n, d, dmask, kvh, stride_v_blk, stride_v_tok, stride_v_h,
@@ -117,7 +131,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
-                   EARLY_KV: tl.constexpr, USE_PDL: tl.constexpr):
+                   EARLY_KV: tl.constexpr, OPAQUE_BT: tl.constexpr, USE_PDL: tl.constexpr):
     """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
     sequence). The kernel rotates q and the row's new key, writes the new key and value to the
     row's cache slot (skipped when the slot is < 0) and attends over the new token from registers:
@@ -184,7 +198,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi_cached
         k, v = _load_kv_tiles(k_cache_ptr, v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh, stride_k_blk,
-                              stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
+                              stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE, OPAQUE_BT)
         acc, l_i, m_i = _online_softmax_step(q, k, v, mask_n[None, :], acc, l_i, m_i, scale_log2, DOT_PRECISION)
     if ROTARY:
         if (kv_len > 0) & (kv_len - 1 >= lo) & (kv_len - 1 < hi):  # this split holds the new token
@@ -318,6 +332,10 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_p
 # in fused decode steps only. It lost too (batch 64 +0.15-0.23 ms; +0.08-0.15 with maxnreg 128, as
 # its 31 more registers a thread leave three programs a multiprocessor instead of four;
 # docs/benchmarks.md 2026-11-30 k).
+# OPAQUE_BT (an A/B key, off): block ids read by inline PTX, so that num_stages really pipelines the
+# K/V tiles (see _tile_blocks). Alone it gained (batch 64, context 192: 17.3 against 18.8 us at this
+# tile), in the step nothing (batch 64 4.806 against 4.800 ms over four alternated rounds, 32 rows
+# -0.05 ms in one call and +0.003 in the next; docs/benchmarks.md 2026-11-30 l).
 DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=2)
 # 2-16 rows: half the tile, no pipelining (H200, session h: batch 16 4.647-4.671 ms a step against
 # 4.741-4.776 over four alternated runs). Batch 1 lost (3.79-3.82 against 3.75), 64 rows lost
@@ -344,6 +362,11 @@ def _num_splits(num_programs: int, max_ctx: int, num_sms: int, min_tokens: int =
            and max_ctx >= 2 * splits * min_tokens):
         splits *= 2
     return splits
+
+
+def _interpreting() -> bool:
+    """Triton's interpreter (TRITON_INTERPRET=1, CPU) runs no inline PTX."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
@@ -384,6 +407,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         one_row = max_query_len == 1 and T == B  # a decode step: row r is sequence r
         # Early K/V reads are safe only where an earlier step wrote every cached key: a fused decode step.
         early_kv = cfg.pop("EARLY_KV", False) and one_row and rotary is not None
+        opaque_bt = cfg.pop("OPAQUE_BT", False) and not _interpreting()
         hd_p2 = common["HEAD_DIM_P2"]
         if splits > 1:
             part_out = torch.empty((T, nh, splits, hd_p2), dtype=torch.float32, device=q.device)
@@ -402,7 +426,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
             scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
-            NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, **cfg, **common, **pdl_args(q))
+            NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, **cfg, **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,

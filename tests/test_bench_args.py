@@ -85,6 +85,7 @@ def test_decode_bench_names_bad_attention_tiles_and_block_sizes_before_the_gpu()
     cases = [(["--attention-configs", '[{}, {"stages": 1}]'], "--attention-configs takes a JSON list"),
              (["--attention-configs", '[{}, {"splits": 3}]'], "splits=3: a power of two"),
              (["--attention-configs", '[{}, {"EARLY_KV": 1}]'], "EARLY_KV=1: true or false"),
+             (["--attention-configs", '[{"OPAQUE_BT": "yes"}]'], "OPAQUE_BT='yes': true or false"),
              (["--block-size", "48"], "--block-size 48: a power of two"),
              (["--ab-rounds", "0"], "--ab-rounds must be >= 1")]
     for flags, says in cases:

@@ -255,11 +255,13 @@ def _decode_step_with_new_tokens(ctx, nh, nkv, hd, dtype, device, padding_rows=0
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("nh,nkv,hd,rd", [(6, 2, 64, 64), (32, 8, 128, 128), (4, 4, 96, 48)])
 @pytest.mark.parametrize("num_splits", [1, 2, 8])
-@pytest.mark.parametrize("early_kv", [False, True], ids=["", "early_kv"])
-def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_splits, early_kv):
+@pytest.mark.parametrize("form", [{}, {"EARLY_KV": True}, {"OPAQUE_BT": True, "num_stages": 4}],
+                         ids=["", "early_kv", "opaque_bt"])
+def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_splits, form):
     """One kernel (rotary, cache write, attention over the new token from registers) against the
-    references run in turn, with context splits that do and do not hold the new token alone, and
-    with the first cached tile read before the PDL wait (EARLY_KV; context 0 leaves it empty)."""
+    references run in turn, with context splits that do and do not hold the new token alone, with
+    the first cached tile read before the PDL wait (EARLY_KV; context 0 leaves it empty), and with
+    block ids read so that the K/V tiles pipeline three deep (OPAQUE_BT; on the GPU only)."""
     from shardline.kernels.rotary import apply_rotary_and_write_kv_ref, rotary_cos_sin
     from shardline.kernels.triton_attention import decode_config_for, paged_attention_triton
     skip_interpreted_bf16_dot(device, dtype)
@@ -278,8 +280,7 @@ def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_spli
     poison_allocator(q)
     # The splits come as the config's key here (how an A/B forces them), as the argument above.
     out = paged_attention_triton(q, **kw, max_query_len=1, rotary=(k, v, positions, cos_sin, rd, slots),
-                                 decode_config=dict(decode_config_for(len(q)), splits=num_splits,
-                                                    EARLY_KV=early_kv))
+                                 decode_config=dict(decode_config_for(len(q)), splits=num_splits, **form))
     assert_close(out[:real], want[:real], f"attention with rotary fused, {num_splits} splits")
     assert torch.isfinite(out).all(), "padding rows must not produce NaN"
     written = torch.zeros(kw["k_cache"].shape[:2], dtype=torch.bool, device=device).view(-1)
