@@ -1,0 +1,105 @@
+"""The decode step under the GPU's power limit: its time against what it computes on.
+
+    python -m benchmarks.step_power [--batch 64] [--gemm-config T] [--seconds 10] [--no-decode]
+
+A batch-64 decode step keeps an H200 at its board power limit, where the driver lowers the SM
+clock until the draw fits (throttle reason "SW power cap"). How far it lowers it depends on what
+the step computes on: the same kernels on other data draw other power. This script replays one
+captured step (every row attending over 192 tokens, as decode_bench's "GPU step alone") and, after
+~0.5 s of replays each time, prints its replay time beside the SM clock, the power draw and the
+throttle reasons (nvidia-smi):
+
+* with the KV cache as the engine built it (zeros) and token 0 in every row (a fresh graph's
+  padding step), then with the cache filled with normal(0, 1) or zeros and token 0 in every row
+  or a random token a row;
+* after a decode_bench run of the batch (its ms/step printed too), at context 192 again, with the
+  run's keys and values in the cache;
+* with --seconds S: sampled over S seconds of back-to-back steps, then after rests of 2, 5, 10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import subprocess
+import sys
+import time
+
+import torch
+
+from benchmarks import decode_bench
+from shardline import step_tuning
+
+SMI_FIELDS = "clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active"
+
+
+def smi() -> str:
+    """The GPU's SM and memory clocks, power draw and limit, temperature and throttle reasons now."""
+    out = subprocess.run(["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader", "-i",
+                          str(torch.cuda.current_device())], capture_output=True, text=True, check=False)
+    return out.stdout.strip() or f"(nvidia-smi: {out.stderr.strip()})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--gemm-config", help="the engine's tune-gemm table")
+    ap.add_argument("--seconds", type=float, default=0.0, help="also sample the step over this many seconds of load")
+    ap.add_argument("--no-decode", action="store_true", help="skip the decode run and the replay after it")
+    args = ap.parse_args()
+    if args.batch < 1 or args.seconds < 0:
+        ap.error(f"--batch {args.batch}, --seconds {args.seconds}: a batch >= 1 and seconds >= 0")
+    if not torch.cuda.is_available():
+        ap.error("step_power times a captured decode step on a CUDA GPU; none is visible")
+    decode_bench.GEMM_CONFIG = args.gemm_config
+    pipeline = decode_bench.build("llama3-8b", max_num_seqs=args.batch)
+    engine = pipeline.engines[0]
+    graph = decode_bench.loaded_graph(pipeline, args.batch, capture=True)
+    print(f"{torch.cuda.get_device_name()}  {datetime.date.today().isoformat()}\n$ {' '.join(sys.argv)}")
+    print(f"batch {args.batch}, context 192; nvidia-smi: {SMI_FIELDS}")
+
+    def sample(label: str) -> None:
+        for _ in range(100):  # ~0.5 s under load: the clock settles where the draw fits the limit
+            graph.replay()
+        ms = step_tuning.replay_ms(graph, 40)
+        print(f"{label:<52}{ms:>8.3f} ms   {smi()}", flush=True)
+
+    def fill_cache(fill) -> None:
+        for k, v in engine.kv_layers:
+            fill(k)
+            fill(v)
+        torch.cuda.synchronize()
+
+    vocab = pipeline.manifest.model.vocab_size
+    ids = engine.graphs.buffer[:args.batch]  # the graph's host-id column (its rows take these ids)
+
+    def tokens(diverse: bool) -> None:
+        ids.copy_(torch.randint(0, vocab, (args.batch,), device=ids.device) if diverse else torch.zeros_like(ids))
+
+    normal = lambda t: t.normal_(0, 1)  # noqa: E731
+    sample("as built: KV cache zeros, token 0 in every row")
+    for label, fill, diverse in (("KV cache normal(0, 1), token 0 in every row", normal, False),
+                                 ("KV cache normal(0, 1), a random token a row", normal, True),
+                                 ("KV cache zeros, a random token a row", torch.Tensor.zero_, True),
+                                 ("KV cache zeros, token 0 in every row", torch.Tensor.zero_, False)):
+        fill_cache(fill)
+        tokens(diverse)
+        sample(label)
+    if not args.no_decode:
+        ms = decode_bench.decode_ms_per_step(pipeline, args.batch)
+        print(f"decode_bench ms/step (contexts 128-256): {ms:.3f}")
+        graph = decode_bench.loaded_graph(pipeline, args.batch)  # context 192 again, token 0 in every row
+        sample("after the decode run: its KV cache, token 0")
+        tokens(True)
+        sample("after the decode run: its KV cache, random tokens")
+    if args.seconds:
+        t0 = time.time()
+        while time.time() - t0 < args.seconds:
+            sample(f"after {time.time() - t0:4.1f} s of steps")
+        for rest in (2, 5, 10):
+            time.sleep(rest)
+            sample(f"after a {rest} s rest")
+
+
+if __name__ == "__main__":
+    main()
