@@ -102,3 +102,28 @@ def test_ring_resources_reads_the_launch_register_cap_from_the_compiled_kernel()
     from benchmarks.ring_resources import compile_ring
     regs = {cap: _ptxas(compile_ring(64, 128, 4, 1, False, "none", cap).asm["ptx"])[0] for cap in (0, 128)}
     assert regs == {0: 255, 128: 128}, regs
+
+
+def test_decode_attention_tiles_pipeline_only_with_block_ids_unseen():
+    """Compiled for sm_90 on the CPU: with the block ids read by tl.load, three stages leave the
+    K/V tiles one buffer each, waited for whole (cp.async.wait_group 0) before the math; read by
+    inline PTX (OPAQUE_BT), the same three stages give them two buffers, one tile in flight during
+    the math (wait_group 2: the K and V copies of the next tile)."""
+    pytest.importorskip("triton")
+    import re
+
+    from benchmarks.attention_resources import compile_decode
+    seen, unseen = (compile_decode(3, 64, 4, opaque_bt=o) for o in (False, True))
+    waits = {name: set(re.findall(r"cp\.async\.wait_group\s+(\d+)", k.asm["ptx"])) for name, k in
+             (("seen", seen), ("unseen", unseen))}
+    tile = 64 * 128 * 2  # one K (or V) tile of 64 tokens, bf16
+    assert waits["seen"] == {"0"} and seen.metadata.shared < 3 * tile, (waits, seen.metadata.shared)
+    assert "2" in waits["unseen"] and unseen.metadata.shared >= 4 * tile, (waits, unseen.metadata.shared)
+
+
+def test_step_power_names_a_bad_batch_before_the_gpu():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "benchmarks.step_power", "--batch", "0"], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert out.returncode == 2 and "--batch 0" in out.stderr, out.stderr[-500:]
