@@ -58,6 +58,26 @@ def attention_config_problem(c) -> str | None:
     return None
 
 
+def parse_attention_config(ap: argparse.ArgumentParser, text: str) -> dict:
+    """One decode attention override given as JSON text (step_tune's and profile_decode's
+    --attention-config), or an ap.error naming what is wrong, before the GPU."""
+    try:
+        c = json.loads(text)
+    except json.JSONDecodeError as e:
+        c, problem = None, f"not JSON: {e}"
+    else:
+        problem = attention_config_problem(c)
+    if problem:
+        ap.error(f"--attention-config takes a JSON object ({problem}), e.g. '{{\"num_stages\": 1}}'; got {text!r}")
+    return c
+
+
+def use_attention_config(c: dict) -> None:
+    """Every decode attention launch from now on takes the keys of `c` over the kernel's choice."""
+    from shardline.kernels import triton_attention  # Triton: imported on the GPU only
+    triton_attention.DECODE_OVERRIDE = dict(c)
+
+
 def build(shape: str, dtype: str = "bf16", quantization: str = "none", max_num_seqs: int = 256,
           kv_bytes: int = 24 << 30, max_model_len: int = 4096, device: str = "cuda") -> LocalPipeline:
     engine = step_tuning.random_engine(ModelConfig(**SHAPES[shape]), dtype, quantization, max_num_seqs, device,

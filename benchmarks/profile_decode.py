@@ -20,7 +20,6 @@ costs; `critical_path` charges each kernel only the time by which it extends the
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -141,16 +140,13 @@ def main() -> None:
     ap.add_argument("--timeline", action="store_true", help="replay the captured decode graph; kernels on the critical path")
     ap.add_argument("--trace", default="decode_trace.json")
     ap.add_argument("--gemm-config", help="use `shardline tune-gemm` choices, as decode_bench.py does")
-    ap.add_argument("--attention-config", type=json.loads, default={},
+    ap.add_argument("--attention-config", default="{}",
                     help="decode attention keys over the kernel's choice, as one of decode_bench's "
                          '--attention-configs, e.g. \'{"OPAQUE_BT": true}\'')
     args = ap.parse_args()
-    problem = decode_bench.attention_config_problem(args.attention_config)
-    if problem:
-        ap.error(f"--attention-config takes a JSON object ({problem}); got {args.attention_config!r}")
-    if args.attention_config:
-        from shardline.kernels import triton_attention  # Triton: imported on the GPU only
-        triton_attention.DECODE_OVERRIDE = dict(args.attention_config)
+    attention_config = decode_bench.parse_attention_config(ap, args.attention_config)
+    if attention_config:
+        decode_bench.use_attention_config(attention_config)
     decode_bench.GEMM_CONFIG = args.gemm_config
     pipeline = build(args.shape, quantization=f"{args.quant}-weight-only" if args.quant else "none",
                      max_num_seqs=max(args.batch, 16))

@@ -225,6 +225,12 @@ TILE_WALKS = {"gate/up": [(128, 128, 4, 1), (128, 128, 3, 1), (64, 128, 4, 1), (
               "down": [(64, 128, 5, 2), (64, 128, 4, 1), (128, 128, 4, 4), (64, 128, 4, 4), (64, 64, 6, 8), (64, 256, 4, 2)]}
 
 
+def _copies(nbytes: int) -> int:
+    """Copies of an nbytes buffer a timing cycles through, so that L2 (50 MB) holds none of the one
+    being read: 512 MB of them, at least two."""
+    return max(2, -(-512 * 2**20 // nbytes))
+
+
 def tile_walk_gbps(n: int, k: int, walk: tuple[int, ...], with_x: bool, packed: int = 0,
                    rotate: bool = False, per_sm: int = 0, even: bool = False) -> float:
     """The rate of the tile walk over [n, k] weights alone (copies cycled out of L2), row-major or
@@ -236,7 +242,9 @@ def tile_walk_gbps(n: int, k: int, walk: tuple[int, ...], with_x: bool, packed: 
     from shardline.gemm_tuning import _time_graph_us
     from shardline.kernels._dispatch import sm_count
     bn, bk, stages, split, warps = (*walk, 4) if len(walk) == 4 else walk
-    copies = max(2, -(-512 * 2**20 // (n * k * 2)))
+    if even and split != 1:
+        raise ValueError(f"walk {walk}: an even walk deals (band, k) steps of one split; SPLIT_K must be 1")
+    copies = _copies(n * k * 2)
     shape = (n * k // bk, bk) if packed else (n, k)
     ws = [TensorDescriptor.from_tensor(torch.empty(shape, dtype=torch.bfloat16, device="cuda"), [bn, bk])
           for _ in range(copies)]
@@ -264,7 +272,7 @@ def kv_walk_us(cfg: ModelConfig, batch: int, context: int, walk: tuple[int, int,
     block_n, stages, per_sm = walk
     n_blocks = -(-context // block_size)
     shape = (batch * n_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-    copies = max(2, -(-512 * 2**20 // (2 * batch * n_blocks * block_size * cfg.num_kv_heads * cfg.head_dim * 2)))
+    copies = _copies(2 * batch * n_blocks * block_size * cfg.num_kv_heads * cfg.head_dim * 2)
     caches = [(torch.empty(shape, dtype=torch.bfloat16, device="cuda"),
                torch.empty(shape, dtype=torch.bfloat16, device="cuda")) for _ in range(copies)]
     bt = torch.arange(batch * n_blocks, dtype=torch.int32, device="cuda").view(batch, n_blocks)
@@ -281,7 +289,7 @@ def kv_walk_us(cfg: ModelConfig, batch: int, context: int, walk: tuple[int, int,
 def alone_gbps(read, nbytes: int, programs: int) -> float:
     """One size's rate, its launches back to back in a graph on copies that L2 cannot hold."""
     from shardline.gemm_tuning import _time_graph_us
-    copies = max(2, -(-512 * 2**20 // nbytes))
+    copies = _copies(nbytes)
     xs = [torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
     out = torch.empty(programs, dtype=torch.float32, device="cuda")
     us = _time_graph_us(lambda i: read(xs[i], out), copies)

@@ -76,7 +76,9 @@ def main() -> None:
     def tokens(diverse: bool) -> None:
         ids.copy_(torch.randint(0, vocab, (args.batch,), device=ids.device) if diverse else torch.zeros_like(ids))
 
-    normal = lambda t: t.normal_(0, 1)  # noqa: E731
+    def normal(t: torch.Tensor) -> None:
+        t.normal_(0, 1)
+
     sample("as built: KV cache zeros, token 0 in every row")
     for label, fill, diverse in (("KV cache normal(0, 1), token 0 in every row", normal, False),
                                  ("KV cache normal(0, 1), a random token a row", normal, True),

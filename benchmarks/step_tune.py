@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--gemm-config", required=True, help="the table to start from (tune-gemm's)")
     ap.add_argument("--linears", default=",".join(step_tuning.LINEARS))
     ap.add_argument("--attention", action="store_true", help="then time ATTENTION_VARIANTS in the step")
-    ap.add_argument("--attention-config", type=json.loads, default={},
+    ap.add_argument("--attention-config", default="{}",
                     help='the decode attention tile the whole refinement runs under, e.g. \'{"num_stages": 1}\' '
                          "(keys over the kernel's choice for the batch, as decode_bench's --attention-configs)")
     ap.add_argument("--impls", help="only candidates of these implementations, comma-separated "
@@ -75,10 +75,7 @@ def main() -> None:
     problem = step_tuning.settings_error(args.rounds, args.margin)
     if problem:
         ap.error(f"--rounds / --margin: {problem}")
-    problem = decode_bench.attention_config_problem(args.attention_config)
-    if problem:
-        ap.error(f"--attention-config takes a JSON object ({problem}), e.g. '{{\"num_stages\": 1}}'; "
-                 f"got {args.attention_config!r}")
+    attention_config = decode_bench.parse_attention_config(ap, args.attention_config)
     if not torch.cuda.is_available():
         ap.error("step_tune times the captured decode step on a CUDA GPU; none is visible")
     start = GemmTable.load(args.gemm_config, torch.device("cuda"))
@@ -88,9 +85,8 @@ def main() -> None:
     pipeline = decode_bench.build(args.shape, quantization=f"{args.quant}-weight-only" if args.quant else "none",
                                   max_num_seqs=max(args.batch, 16))
     engine = pipeline.engines[0]
-    if args.attention_config:
-        from shardline.kernels import triton_attention
-        triton_attention.DECODE_OVERRIDE = dict(args.attention_config)
+    if attention_config:
+        decode_bench.use_attention_config(attention_config)
     b = args.batch
     table = step_tuning.refine(engine, start, [b], cfg, torch.bfloat16, linears, rounds=args.rounds,
                                margin=args.margin, impls=impls)

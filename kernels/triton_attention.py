@@ -18,12 +18,11 @@ Softmax runs in the exp2 domain (scale folded with log2 e), accumulation in fp32
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from . import _dispatch
 from ._dispatch import next_pow2, pdl_args, sm_count
 from .triton_pdl import pdl_wait
 from .triton_rotary import load_rotated
@@ -364,11 +363,6 @@ def _num_splits(num_programs: int, max_ctx: int, num_sms: int, min_tokens: int =
     return splits
 
 
-def _interpreting() -> bool:
-    """Triton's interpreter (TRITON_INTERPRET=1, CPU) runs no inline PTX."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
     assert cache.stride(-1) == 1, "the KV cache's head_dim must be contiguous"
     return cache.stride(0), cache.stride(1), cache.stride(2)
@@ -407,7 +401,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         one_row = max_query_len == 1 and T == B  # a decode step: row r is sequence r
         # Early K/V reads are safe only where an earlier step wrote every cached key: a fused decode step.
         early_kv = cfg.pop("EARLY_KV", False) and one_row and rotary is not None
-        opaque_bt = cfg.pop("OPAQUE_BT", False) and not _interpreting()
+        opaque_bt = cfg.pop("OPAQUE_BT", False) and not _dispatch.TRITON_INTERPRET  # the interpreter runs no PTX
         hd_p2 = common["HEAD_DIM_P2"]
         if splits > 1:
             part_out = torch.empty((T, nh, splits, hd_p2), dtype=torch.float32, device=q.device)

@@ -127,3 +127,14 @@ def test_step_power_names_a_bad_batch_before_the_gpu():
     out = subprocess.run([sys.executable, "-m", "benchmarks.step_power", "--batch", "0"], capture_output=True,
                          text=True, timeout=120, check=False)
     assert out.returncode == 2 and "--batch 0" in out.stderr, out.stderr[-500:]
+
+
+def test_profile_decode_names_a_bad_attention_config_before_the_gpu():
+    """Not JSON, or keys the decode kernel does not take: exit 2 naming the option (one parser,
+    decode_bench.parse_attention_config, serves step_tune's option too)."""
+    import subprocess
+    import sys
+    for text in ("{bad", '{"stages": 1}', '{"OPAQUE_BT": 1}'):
+        out = subprocess.run([sys.executable, "-m", "benchmarks.profile_decode", "--attention-config", text],
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert out.returncode == 2 and "--attention-config takes a JSON object" in out.stderr, (text, out.stderr[-500:])
