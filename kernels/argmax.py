@@ -18,9 +18,12 @@ def argmax_rows_ref(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=-1)
 
 
-def argmax_rows(x: torch.Tensor) -> torch.Tensor:
-    """int64 [B]: each row's first maximum."""
+def argmax_rows(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 [B]: each row's first maximum, written into `out` [B] when given (a decode graph's
+    persistent `sampled`: no copy kernel after it)."""
+    if out is not None and (out.shape != x.shape[:1] or out.dtype != torch.int64):
+        raise ValueError(f"out must be int64 [{x.shape[0]}], got {out.dtype} {list(out.shape)}")
     if use_triton(x) and x.shape[0] and x.shape[1]:
         from .triton_argmax import argmax_rows_triton
-        return argmax_rows_triton(x)
-    return argmax_rows_ref(x)
+        return argmax_rows_triton(x, out=out)
+    return argmax_rows_ref(x) if out is None else out.copy_(argmax_rows_ref(x))

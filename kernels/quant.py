@@ -8,6 +8,8 @@ only in how a weight byte widens to a float.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ._dispatch import sm_count, use_triton
@@ -111,10 +113,19 @@ def quantized_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor,
     return quantized_linear_ref(x, w_q, scale, bias)
 
 
+@dataclass
+class GreedyIds:
+    """Where a head product leaves each row's greedy id: `out` int64 [M], the first maximum among
+    the product's first `cols` columns (the real vocabulary of a padded head)."""
+
+    out: torch.Tensor
+    cols: int
+
+
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
                    bias: torch.Tensor | None, config: dict, glu: bool = False,
                    out_dtype: torch.dtype | None = None, norm: RowNorm | None = None,
-                   residual: torch.Tensor | None = None):
+                   residual: torch.Tensor | None = None, greedy: GreedyIds | None = None):
     """The split-K small-M kernel with a tuned `config` (shardline tune-gemm), for int8 or fp8
     (with scale) or x-dtype weights; the plain product where Triton does not run. With `glu`,
     W is the fused [gate; up] projection and the result silu(gate) * up. `out_dtype` (not with
@@ -124,13 +135,23 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
     The fold (Llama's decode at batch > 1, model/transformer.py): `norm` scales x's rows by
     1 / rms in the epilogue (the RMSNorm before this product, its weight folded into W);
     `residual` adds the stream to the product there and returns (the stream's next value, its
-    partial sums of squares), the next product's `norm`."""
+    partial sums of squares), the next product's `norm`.
+
+    `greedy` (not with `residual`): each row's argmax of the result, written to greedy.out; the
+    kernel's epilogue leaves each tile's maximum, so no pass over the result follows (the head's
+    logits at greedy decode)."""
     _check_glu(weight, glu, out_dtype)
     _check_fold(glu, out_dtype, residual)
+    if greedy is not None and (residual is not None or glu or x.dim() != 2
+                               or greedy.out.shape != (x.shape[0],) or greedy.out.dtype != torch.int64):
+        raise ValueError("greedy ids come from a plain product of rows [M, K] into int64 [M]")
     if use_triton(x):
         from .triton_quant import small_m_linear_triton
-        return small_m_linear_triton(x, weight, scale, bias, config, glu, out_dtype, norm, residual)
-    return _reference(x, weight, scale, bias, glu, out_dtype, norm, residual)
+        return small_m_linear_triton(x, weight, scale, bias, config, glu, out_dtype, norm, residual, greedy)
+    y = _reference(x, weight, scale, bias, glu, out_dtype, norm, residual)
+    if greedy is not None:
+        greedy.out.copy_(y[:, :greedy.cols].argmax(dim=-1))
+    return y
 
 
 STREAMK_MAX_M = 64  # above this a decode product is compute-bound: cuBLAS

@@ -37,7 +37,7 @@ def _pick_kernel(val_ptr, idx_ptr, out_ptr, C, C_P2: tl.constexpr, USE_PDL: tl.c
     tl.store(out_ptr + row, tl.load(idx_ptr + row * C + first).to(tl.int64))
 
 
-def argmax_rows_triton(x: torch.Tensor, block: int = 4096) -> torch.Tensor:
+def argmax_rows_triton(x: torch.Tensor, block: int = 4096, out: torch.Tensor | None = None) -> torch.Tensor:
     B, V = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -45,7 +45,15 @@ def argmax_rows_triton(x: torch.Tensor, block: int = 4096) -> torch.Tensor:
     C = triton.cdiv(V, block)
     vals = torch.empty((B, C), dtype=torch.float32, device=x.device)
     idx = torch.empty((B, C), dtype=torch.int32, device=x.device)
-    out = torch.empty(B, dtype=torch.int64, device=x.device)
+    if out is None:
+        out = torch.empty(B, dtype=torch.int64, device=x.device)
     _chunk_kernel[(B, C)](x, vals, idx, V, x.stride(0), C, BLOCK=block, num_warps=8, **pdl_args(x))
-    _pick_kernel[(B,)](vals, idx, out, C, C_P2=max(next_pow2(C), 2), num_warps=1, **pdl_args(x))
+    return pick_rows(vals, idx, out)
+
+
+def pick_rows(vals: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out[r] = idx[r, c] of the first chunk c holding max(vals[r]): the second pass, also after a
+    product whose epilogue left each tile's maximum (triton_quant.tile_argmax)."""
+    B, C = vals.shape
+    _pick_kernel[(B,)](vals, idx, out, C, C_P2=max(next_pow2(C), 2), num_warps=1, **pdl_args(vals))
     return out

@@ -79,12 +79,13 @@ def multiply_tiles(x, w, u, acc, acc_up, FP8: tl.constexpr, GLU: tl.constexpr, D
 @triton.jit
 def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
                         stride_xm, stride_wn, stride_om, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, ss_out_ptr,
+                        best_ptr, first_ptr, greedy_cols,
                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, GLU: tl.constexpr,
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, AHEAD: tl.constexpr, LINE: tl.constexpr,
                         TMA: tl.constexpr, ROW_NORM: tl.constexpr, PARTS_P2: tl.constexpr,
-                        RESIDUAL: tl.constexpr, USE_PDL: tl.constexpr):
+                        RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr, USE_PDL: tl.constexpr):
     """GLU: w is the fused [gate; up] projection [2N, K]; the program's tile is BLOCK_N gate rows
     and the BLOCK_N up rows N below them, and it writes silu(gate) * up [M, N]. TMA: the loop's
     tiles come through x_desc and w_desc (tensor descriptors: the copy engine fetches them into
@@ -95,7 +96,10 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
     ROW_NORM: x is a stream whose rows an RMSNorm (weight folded into w) would scale: the
     epilogue multiplies each row by 1 / rms from the partial sums of squares [ss_parts, M] at
     ss_in_ptr (read right after the PDL wait). RESIDUAL: the output is the stream's next value,
-    res + this product, with this tile's partial sums of squares at ss_out_ptr [N tiles, M]."""
+    res + this product, with this tile's partial sums of squares at ss_out_ptr [N tiles, M].
+    ARGMAX (a head's logits): each row's first maximum among this tile's columns below
+    greedy_cols, its value at best_ptr and its column at first_ptr [M, N tiles], for
+    triton_argmax's pick kernel (greedy sampling without a pass over the logits)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -160,19 +164,19 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
                     acc_up += tl.load(part_ptr + (s * PARTS + 1) * M * N + tile_offs, mask=out_mask, other=0.0,
                                       cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + tile, 0)
-            _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, pid_n, offs_m, offs_n, M, N, K,
-                 eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL)
+            _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr, greedy_cols,
+                 pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL, ARGMAX)
     else:
-        _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, pid_n, offs_m, offs_n, M, N, K, eps,
-             stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL)
+        _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr, greedy_cols,
+             pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL, ARGMAX)
 
 
 @triton.jit
-def _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, tile_n, offs_m, offs_n, M, N, K, eps,
-         stride_om, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr, ROW_NORM: tl.constexpr,
-         RESIDUAL: tl.constexpr):
+def _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr, greedy_cols,
+         tile_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+         GLU: tl.constexpr, ROW_NORM: tl.constexpr, RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr):
     """The split-K kernel's epilogue: the row norm's scale (a row factor, so it goes before the
-    bias like the channel scale), then the plain store or the residual's."""
+    bias like the channel scale), then the plain store or the residual's, then the tile's argmax."""
     if ROW_NORM:
         rstd = row_rstd(ss, K, eps)
         acc = acc * rstd[:, None]
@@ -182,7 +186,10 @@ def _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, tile_n,
         y = finish(acc, acc_up, scale_ptr, bias_ptr, offs_n, N, out_ptr.dtype.element_ty, HAS_SCALE, HAS_BIAS, GLU)
         residual_epilogue(y, res, out_ptr, ss_out_ptr, tile_n, offs_m, offs_n, M, N, stride_om)
     else:
-        epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_SCALE, HAS_BIAS, GLU)
+        y = epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_SCALE,
+                     HAS_BIAS, GLU)
+        if ARGMAX:
+            tile_argmax(y, best_ptr, first_ptr, greedy_cols, tile_n, offs_m, offs_n, M)
 
 
 @triton.jit
@@ -217,6 +224,20 @@ def epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, st
     y = finish(acc, acc_up, scale_ptr, bias_ptr, offs_n, N, dtype, HAS_SCALE, HAS_BIAS, GLU)
     mask = (offs_m[:, None] < M) & (offs_n < N)[None, :]
     tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :], y.to(dtype), mask=mask)
+    return y.to(dtype)
+
+
+@triton.jit
+def tile_argmax(y, best_ptr, first_ptr, cols, tile_n, offs_m, offs_n, M):
+    """Each row's first maximum among this tile's columns below `cols` (the stored values `y`):
+    its value and column at [offs_m, tile_n] of [M, N tiles] (triton_argmax._pick_kernel's input).
+    A tile wholly past `cols` leaves -inf, which no real column loses to."""
+    v = tl.where((offs_n < cols)[None, :], y.to(tl.float32), float("-inf"))
+    best = tl.max(v, axis=1)
+    first = tl.min(tl.where(v == best[:, None], offs_n[None, :], cols), axis=1)
+    at = offs_m * tl.num_programs(0) + tile_n
+    tl.store(best_ptr + at, best, mask=offs_m < M)
+    tl.store(first_ptr + at, first, mask=offs_m < M)
 
 
 @triton.jit
@@ -303,7 +324,7 @@ def quantized_linear_triton(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Ten
 def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
                           bias: torch.Tensor | None = None, config: dict | None = None,
                           glu: bool = False, out_dtype: torch.dtype | None = None, norm=None,
-                          residual: torch.Tensor | None = None):
+                          residual: torch.Tensor | None = None, greedy=None):
     """`w` [N, K] is int8 or fp8 with `scale`, or x's dtype with scale None (then `config` is
     required: the caller chose this kernel over cuBLAS by timing it). With `glu`, w is the fused
     [gate; up] projection [2N, K] and the output silu(gate) * up [.., N]; the tile holds
@@ -313,7 +334,8 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
 
     `norm` (a norm.RowNorm of x) and `residual`: the epilogue's fold of the RMSNorm before the
     product and of the residual add after it (quant.small_m_linear); with `residual` the result is
-    (the stream's next value, its partial sums of squares [N tiles, M])."""
+    (the stream's next value, its partial sums of squares [N tiles, M]). `greedy` (a
+    quant.GreedyIds): each row's argmax, from the epilogue's per-tile maxima and a pick kernel."""
     assert out_dtype is None or not glu, "SwiGLU's output is x's dtype"
     from ._dispatch import sm_count
     N, K = w.shape
@@ -324,7 +346,11 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
         # Compute-bound (or fp32, whose exact dot spills): dequantise and let cuBLAS multiply.
         w = w.to(x.dtype) * scale.to(x.dtype)[:, None]
         y = torch.nn.functional.linear(x, w, bias)
-        return silu_and_mul(y) if glu else y.to(out_dtype or y.dtype)
+        y = silu_and_mul(y) if glu else y.to(out_dtype or y.dtype)
+        if greedy is not None:
+            from .argmax import argmax_rows
+            argmax_rows(y[:, :greedy.cols], out=greedy.out)
+        return y
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     assert w.stride(-1) == 1, "weight rows must be contiguous"
@@ -338,6 +364,11 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     if M == 0:
         return out.view(*x.shape[:-1], N) if residual is None else (out, out.new_zeros((1, 0), dtype=torch.float32))
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m), split_k)
+    if greedy is not None:  # [M, N tiles] each
+        best = torch.empty((M, grid[0]), dtype=torch.float32, device=x.device)
+        first = torch.empty((M, grid[0]), dtype=torch.int32, device=x.device)
+    else:
+        best, first = out, out  # unused
     fold = FoldArgs(out, grid[0], M, norm, residual)
     if split_k > 1:
         part = torch.empty((split_k, 2 if glu else 1, M, N), dtype=torch.float32, device=x.device)
@@ -351,12 +382,16 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     _int8_linear_kernel[grid](x2, w_arg, x_desc, w_desc, dummy,
                               bias if bias is not None else dummy, out, part,
                               counters, M, N, K, x2.stride(0), w.stride(0), out.stride(0), *fold.args,
+                              best, first, greedy.cols if greedy is not None else 0, ARGMAX=greedy is not None,
                               ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2, RESIDUAL=residual is not None,
                               HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8,
                               EVEN_K=K % cfg["BLOCK_K"] == 0,
                               DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GLU=glu,
                               SPLIT_K=split_k, BLOCK_M=block_m, TMA=x_desc is not x2,
                               LINE=min(128 // w.element_size(), cfg["BLOCK_K"]), **cfg, **pdl_args(x2))
+    if greedy is not None:
+        from .triton_argmax import pick_rows
+        pick_rows(best, first, greedy.out)
     if residual is not None:
         return out, fold.sum_squares
     return out.view(*x.shape[:-1], N)

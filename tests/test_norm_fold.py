@@ -52,26 +52,33 @@ def _decode_step(cfg: ModelConfig, rows: int, context: int, block_size: int = 16
 
 
 def test_folded_decode_step_matches_the_plain_path(monkeypatch):
-    """A decode step of 6 rows through the folded layers (the stream and its RowNorm passed from
-    layer to layer) gives the logits of the plain path (norm kernels, then the products) on the
+    """A decode step of 6 rows through the folded layers (the embedding's RowNorm into the first,
+    the stream and its RowNorm passed from layer to layer, the last one's into the head) runs no
+    norm kernel and gives the logits of the plain path (norm kernels, then the products) on the
     same folded weights, and of the weights before folding."""
     model, cfg = _model()
-    assert all(layer.folded for layer in model.layers)
+    assert all(layer.folded for layer in model.layers) and model.head_folded
+    assert torch.equal(model.norm.weight, torch.ones_like(model.norm.weight))
     ids, meta, caches = _decode_step(cfg, 6, 40)
-    seen = []
+    seen, norms = [], []
     real = DecoderLayer._decode_folded
 
-    def spy(self, *args):
-        out = real(self, *args)
-        seen.append(out[1])
-        return out
+    def spy(self, h, residual, *args):
+        seen.append(residual)
+        return real(self, h, residual, *args)
     monkeypatch.setattr(DecoderLayer, "_decode_folded", spy)
+    real_norm = transformer.Norm.__call__
+    monkeypatch.setattr(transformer.Norm, "__call__", lambda self, *a: norms.append(self) or real_norm(self, *a))
+    greedy = torch.full((8,), -1, dtype=torch.int64)
     with torch.inference_mode():
-        folded = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
+        folded = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches], greedy=greedy[:6])
     assert len(seen) == cfg.num_layers and all(isinstance(r, RowNorm) for r in seen)
+    assert norms == [], "the first layer's and the final norm fold too"
+    assert greedy.tolist() == folded.argmax(-1).tolist() + [-1, -1], "the head leaves the greedy ids"
     monkeypatch.setattr(DecoderLayer, "folds", lambda self, h: False)
     with torch.inference_mode():
-        plain = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
+        plain = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches], greedy=greedy[:6])
+    assert norms and greedy[:6].tolist() == plain.argmax(-1).tolist()
     torch.testing.assert_close(folded, plain, rtol=1e-4, atol=1e-4)
     monkeypatch.setattr(transformer, "fold_norm_weight", lambda *a: None)
     unfolded, _ = _model()
@@ -90,3 +97,28 @@ def test_the_switch_keeps_the_norm_kernels(monkeypatch):
     assert model.layers[0].folds(h)
     monkeypatch.setattr(_dispatch, "FOLD_NORMS", False)
     assert not model.layers[0].folds(h) and model.layers[0].folded
+
+
+def test_a_head_tied_to_the_embedding_keeps_the_final_norm():
+    cfg = ModelConfig(**LLAMA_SMALL)
+    weights = random_stage_weights(random_manifest(cfg, "fp32"), 0, 0, "cpu", seed=3)
+    weights["lm_head.weight"] = weights["embed_tokens.weight"]
+    weights["norm.weight"] = torch.rand(cfg.hidden_size) + 0.5
+    model = StageModel(cfg, single_rank(), weights, 0, cfg.num_layers, True, True)
+    assert not model.head_folded and model.lm_head.weight is model.embed_tokens.weight
+    ids, meta, caches = _decode_step(cfg, 3, 20)
+    with torch.inference_mode():
+        logits = model.forward(ids, meta, caches)
+    assert logits.shape == (3, cfg.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_rows_that_do_not_all_sample_take_the_plain_head(monkeypatch):
+    """A step whose sampled rows are not all of its rows gathers them and runs the final norm:
+    the logits of those rows are the ones a step sampling every row gives."""
+    model, cfg = _model()
+    ids, meta, caches = _decode_step(cfg, 5, 30)
+    with torch.inference_mode():
+        every = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
+        meta.sample_rows = torch.tensor([1, 3])
+        some = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
+    torch.testing.assert_close(some, every[[1, 3]], rtol=1e-4, atol=1e-4)

@@ -31,8 +31,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from shardline.kernels.argmax import argmax_rows
-from shardline.model.transformer import StageModel, StepMetadata
+from shardline.model.transformer import PendingIds, StageModel, StepMetadata
 from shardline.stage_worker.staging import HostStep, PinnedStaging
 
 log = logging.getLogger("shardline.stage_worker")
@@ -105,15 +104,13 @@ class CudaGraphRunner:
         ids, src, meta = self._layout(b, ctx).views(self.buffer, self.query_start_loc, self.sample_rows, ctx)
         model = self.model
 
+        # A one-stage model's first kernel reads `sampled` before this step's argmax overwrites it
+        # (one stream, in order).
+        pending = PendingIds(src, self.sampled) if model.is_first and model.is_last else None
+
         def step() -> torch.Tensor:
-            if not model.is_first:
-                inputs = self.hidden[:b]
-            else:  # reads `sampled` before this step's argmax overwrites it (one stream, in order)
-                inputs = resolve_ids(ids, src, self.sampled) if model.is_last else ids
-            out = model.forward(inputs, meta, self.kv_layers)
-            if model.is_last:
-                self.sampled[:b].copy_(argmax_rows(out))
-            return out
+            return model.forward(ids if model.is_first else self.hidden[:b], meta, self.kv_layers, pending,
+                                 greedy=self.sampled[:b] if model.is_last else None)
 
         return step
 
@@ -177,14 +174,8 @@ class CudaGraphRunner:
         return out[:n], (self.sampled[:n] if self.model.is_last else None)
 
 
-def resolve_ids(ids: torch.Tensor, src: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
-    """Each row's token id [b]: sampled[src] where src >= 0 (a token the previous step sampled on
-    the device), else the host's id."""
-    return torch.where(src >= 0, sampled[src.clamp(min=0)], ids)
-
-
 def write_src(src: np.ndarray, pending: list[tuple[int, int]] | None) -> None:
-    """A step's src column for resolve_ids: -1 but for each pending (row, j), where it is j."""
+    """A step's src column (model/transformer.py's PendingIds): -1 but for each pending (row, j), where it is j."""
     src[:] = -1
     if pending:
         rows, js = np.asarray(pending, dtype=np.int64).T

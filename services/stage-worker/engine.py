@@ -28,13 +28,14 @@ from safetensors import safe_open
 from shardline.config import ConfigError, EngineConfig
 from shardline.gemm_tuning import GemmTable
 from shardline.kernels._dispatch import TRITON_DISABLED
+from shardline.kernels.embedding import resolve_ids
 from shardline.manifest import Manifest, sha256_file
 from shardline.model.transformer import StageModel, StepMetadata
 from shardline.parallel import TPGroup
 from shardline.sampler import sample
 from shardline.stage_worker.batch import StageBatch
 from shardline.stage_worker.block_manager import BlockManager, OutOfBlocks
-from shardline.stage_worker.cuda_graphs import CudaGraphRunner, resolve_ids, write_src
+from shardline.stage_worker.cuda_graphs import CudaGraphRunner, write_src
 from shardline.stage_worker.kv_cache import KVCache, plan_num_blocks
 from shardline.stage_worker.staging import DeferredTokens, HostStep, PinnedStaging, TokenReadback
 from shardline.wire import DTYPE_NAMES, DTYPES_BY_NAME, MODEL_DTYPES

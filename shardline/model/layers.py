@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from shardline.kernels import activation, gemv, quant
 from shardline.kernels._dispatch import use_triton
+from shardline.kernels.argmax import argmax_rows
 from shardline.kernels.norm import RowNorm
 from shardline.parallel import TPGroup
 
@@ -79,16 +80,22 @@ class Linear:
         return choice["impl"] in ("triton", "ring")
 
     def fold(self, x: torch.Tensor, norm: RowNorm | None = None, residual: torch.Tensor | None = None,
-             glu: bool = False):
+             glu: bool = False, out_dtype: torch.dtype | None = None, greedy: quant.GreedyIds | None = None):
         """The product with the RMSNorm before it and the residual add after it in its epilogue
         (where `folds(x)`): x's rows scale by `norm`'s 1 / rms (the norm's weight is folded into
         this weight); with `residual`, returns (residual + the product, its partial sums of
-        squares), the stream and the next product's RowNorm."""
+        squares), the stream and the next product's RowNorm. `out_dtype` as in `__call__`.
+        `greedy`: each row's argmax of the result too, from the split-K kernel's epilogue (else
+        by argmax_rows after the ring's)."""
         choice = self._choice(x)
         if choice is not None and choice["impl"] == "ring":
-            return quant.ring_linear(x, self.weight, self.bias, choice["config"], glu=glu, norm=norm, residual=residual)
+            y = quant.ring_linear(x, self.weight, self.bias, choice["config"], glu=glu, out_dtype=out_dtype,
+                                  norm=norm, residual=residual)
+            if greedy is not None:
+                argmax_rows(y[:, :greedy.cols], out=greedy.out)
+            return y
         return quant.small_m_linear(x, self.weight, self.scale, self.bias, choice and choice["config"], glu=glu,
-                                    norm=norm, residual=residual)
+                                    out_dtype=out_dtype, norm=norm, residual=residual, greedy=greedy)
 
     def fused(self, x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
               residual: torch.Tensor | None = None, glu: bool = False, norm_bias: torch.Tensor | None = None,

@@ -16,7 +16,10 @@ import torch
 
 from shardline.config import ModelConfig
 from shardline.kernels import _dispatch, activation, attention, norm, rotary
+from shardline.kernels.argmax import argmax_rows
+from shardline.kernels.embedding import embed_rows, resolve_ids
 from shardline.kernels.norm import RowNorm
+from shardline.kernels.quant import GreedyIds
 from shardline.model.layers import Linear, VocabParallelEmbedding
 from shardline.parallel import TPGroup
 
@@ -30,11 +33,20 @@ class StepMetadata:
     block_tables: torch.Tensor  # [B, max_blocks] int32
     seq_lens: torch.Tensor  # [B] int32, tokens in the cache after this step
     query_start_loc: torch.Tensor  # [B + 1] int32
-    sample_rows: torch.Tensor  # [S] int64, rows of T whose next token is drawn (last stage)
+    sample_rows: torch.Tensor  # [S] int64, ascending: rows of T whose next token is drawn (last stage)
     # Host-side hints for kernel choice (never read from the device): 1 = every chunk is a
     # decode token; max_seq_len bounds the split-K of decode attention (None: block-table width).
     max_query_len: int | None = None
     max_seq_len: int | None = None
+
+
+@dataclass
+class PendingIds:
+    """A one-stage model's rows whose token the previous step sampled on the device: row r's id
+    is sampled[src[r]] where src[r] >= 0, else the host's (cuda_graphs.py, overlap.py)."""
+
+    src: torch.Tensor  # [T] int64
+    sampled: torch.Tensor  # [>= max(src) + 1] int64
 
 
 class Norm:
@@ -236,6 +248,14 @@ class StageModel:
             self.embed_tokens = VocabParallelEmbedding(weights["embed_tokens.weight"], tp)
             self.embed_positions = weights.get("embed_positions.weight")
         if is_last:
+            # The final norm folds into the head as each layer's into its products, so that a
+            # decode step of folded layers ends in the head's kernel with no norm kernel before it.
+            # Not with a head tied to the embedding, which the weight must stay.
+            tied = is_first and weights["lm_head.weight"].data_ptr() == weights["embed_tokens.weight"].data_ptr()
+            self.head_folded = bool(self.layers and self.layers[-1].folded and "lm_head.weight_scale" not in weights
+                                    and not tied)
+            if self.head_folded:
+                fold_norm_weight(weights, "norm.weight", "lm_head.weight")
             self.norm = Norm(cfg, weights["norm.weight"], weights.get("norm.bias"))
             self.lm_head = Linear(weights["lm_head.weight"], weights.get("lm_head.bias"))
 
@@ -263,33 +283,58 @@ class StageModel:
     def num_layers(self) -> int:
         return self.layer_end - self.layer_start
 
-    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor, pending: PendingIds | None = None
+              ) -> tuple[torch.Tensor, RowNorm | None]:
+        """The stream [T, H] of the step's tokens, and on one rank of folded layers its rows'
+        RowNorm, which the first layer's qkv product takes as every later one takes its own: one
+        kernel (kernels/embedding.py) resolves the pending ids, copies the rows and sums their
+        squares."""
+        first = self.layers[0] if self.layers else None
+        if self.tp.size == 1 and self.embed_positions is None:
+            fold = first is not None and first.folded and _dispatch.FOLD_NORMS
+            x, ss = embed_rows(input_ids, self.embed_tokens.weight, pending and pending.src,
+                               pending and pending.sampled, sum_squares=fold)
+            return x, (RowNorm(ss, first.input_norm.eps) if fold else None)
+        if pending is not None:
+            input_ids = resolve_ids(input_ids, pending.src, pending.sampled)
         x = self.embed_tokens(input_ids)  # (T, H)
         if self.embed_positions is not None:
             x = x + self.embed_positions[positions]
-        return x
+        return x, None
 
     def forward(self, inputs: torch.Tensor, meta: StepMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """inputs: token ids [T] (first stage) or the hidden stream [T, H] from the previous stage.
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], pending: PendingIds | None = None,
+                greedy: torch.Tensor | None = None) -> torch.Tensor:
+        """inputs: token ids [T] (first stage; `pending` names those the previous step sampled on
+        the device) or the hidden stream [T, H] from the previous stage.
 
         Returns the hidden stream [T, H] for the next stage, or, on the last stage, the full-vocab
-        logits [S, V] (fp32) of the rows in meta.sample_rows.
+        logits [S, V] (fp32) of the rows in meta.sample_rows; with `greedy` (int64 [S]), each of
+        those rows' argmax is written there too (by the head's kernel where it can).
         """
-        h = self.embed(inputs, meta.positions) if self.is_first else inputs.to(self.dtype)
-        residual = None
+        h, residual = self.embed(inputs, meta.positions, pending) if self.is_first else (inputs.to(self.dtype), None)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h, residual = layer(h, residual, meta, k_cache, v_cache)
+        every_row = meta.sample_rows.shape[0] == h.shape[0]  # ascending, so they are 0..T-1
         if isinstance(residual, RowNorm):  # the folded layers leave the whole stream in h
+            if self.is_last and self.head_folded and every_row and self.lm_head.folds(h):
+                ids = None if greedy is None else GreedyIds(greedy, self.cfg.vocab_size)
+                return self._logits(self.lm_head.fold(h, norm=residual, out_dtype=torch.float32, greedy=ids))
             residual = None
         if not self.is_last:
             return h if residual is None else h + residual
-        rows = meta.sample_rows
-        h = h[rows]  # only the rows whose next token is drawn
-        residual = None if residual is None else residual[rows]
+        if not every_row:  # only the rows whose next token is drawn
+            rows = meta.sample_rows
+            h, residual = h[rows], (None if residual is None else residual[rows])
         if _gemv_norm(self.norm) and self.lm_head.uses_gemv(h):
             logits = self.lm_head.fused(h, self.norm.weight, self.norm.eps, residual, norm_bias=self.norm.bias)[0]
         else:
             logits = self.lm_head(self.norm(h, residual)[0], out_dtype=torch.float32)
+        logits = self._logits(logits)
+        if greedy is not None:
+            argmax_rows(logits, out=greedy)
+        return logits
+
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         logits = self.tp.all_gather_last_dim(logits.float())  # (S, Vp)
         return logits[:, :self.cfg.vocab_size]

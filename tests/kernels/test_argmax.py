@@ -39,3 +39,20 @@ def test_ties_take_the_first_maximum_across_and_within_chunks(device):
 def test_non_contiguous_rows(device):
     x = torch.randn(3, 1024 + 64, device=device)[:, :1024]  # the engine slices the padded vocabulary off
     assert torch.equal(argmax_rows(x).cpu(), x.cpu().argmax(dim=-1))
+
+
+@pytest.mark.gpu
+def test_writes_into_out(device):
+    x = torch.randn(6, 3000, device=device)
+    out = torch.full((8,), -7, dtype=torch.int64, device=device)
+    got = argmax_rows(x, out=out[:6])
+    assert got.data_ptr() == out.data_ptr()
+    assert out[:6].cpu().tolist() == x.cpu().argmax(dim=-1).tolist() and out[6:].cpu().tolist() == [-7, -7]
+
+
+def test_out_of_the_wrong_shape_is_an_error():
+    with pytest.raises(ValueError, match=r"out must be int64 \[4\]"):
+        argmax_rows(torch.randn(4, 10), out=torch.empty(3, dtype=torch.int64))
+    out = torch.empty(4, dtype=torch.int64)
+    x = torch.randn(4, 10)
+    assert argmax_rows(x, out=out) is out and torch.equal(out, x.argmax(-1))

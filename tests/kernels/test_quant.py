@@ -283,3 +283,56 @@ def test_split_k_epilogue_folds_the_norm_and_the_residual(device, split_k, M, N,
             assert_close(got[0], want[0], f"split-K {fold} stream, call {attempt + 1}")
             assert got[1].shape == (-(-N // 64), M)
             assert_close(got[1].sum(0), want[1].sum(0), f"split-K {fold} sums of squares", tol=1e-4)
+
+
+def _head_problem(M, N, K, dtype, device):
+    """A head-like product whose weight repeats rows, so that rows' largest logits tie exactly."""
+    x = torch.randn(M, K, device=device, dtype=dtype)
+    w = (torch.randn(N, K, device=device) * 0.05).to(dtype)
+    if M > 1:  # row 1's largest logit is column 3, tied with 5 (same tile) and N - 5 (another)
+        w[3] = x[1] * 0.1
+        w[5], w[N - 5] = w[3], w[3]
+    w[7] = x[0] * 0.1  # row 0's is column 7 ...
+    w[N - 2] = w[7]  # ... tied with column N - 2, which a greedy over the first N - 3 columns leaves out
+    return x, w
+
+
+def test_greedy_ids_reference_and_errors():
+    from shardline.kernels.quant import GreedyIds
+    x, w = _head_problem(4, 50, 32, torch.float32, "cpu")
+    if _dispatch.use_triton(x):
+        pytest.skip("TRITON_INTERPRET routes CPU tensors to Triton")
+    out = torch.full((4,), -1, dtype=torch.int64)
+    y = small_m_linear(x, w, None, None, {}, out_dtype=torch.float32, greedy=GreedyIds(out, 47))
+    assert torch.equal(out, y[:, :47].argmax(-1)) and out[:2].tolist() == [7, 3]
+    with pytest.raises(ValueError, match="greedy ids come from a plain product"):
+        small_m_linear(x, w, None, None, {}, greedy=GreedyIds(torch.empty(3, dtype=torch.int64), 47))
+    with pytest.raises(ValueError, match="greedy ids come from a plain product"):
+        small_m_linear(x, torch.cat([w, w]), None, None, {}, glu=True, greedy=GreedyIds(out, 47))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split_k", [1, 2])
+@pytest.mark.parametrize("M,N,K,cols", [(5, 1000, 256, 997), (64, 700, 384, 700), (1, 130, 128, 129)])
+@pytest.mark.parametrize("tma", [0, 1])
+def test_split_k_epilogue_leaves_each_rows_greedy_id(device, split_k, M, N, K, cols, tma):
+    """The ARGMAX epilogue (a head's greedy ids without a pass over its logits): torch's first
+    maximum over the first `cols` columns of the logits the same call writes, ties across tiles
+    and within one included, with the RowNorm fold as the head runs it."""
+    if tma and device != "cuda":
+        pytest.skip("tensor-memory-accelerator loads need a Hopper GPU")
+    from shardline.kernels.quant import GreedyIds
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    x, w = _head_problem(M, N, K, dtype, device)
+    norm = RowNorm(x.float().pow(2).sum(-1)[None].contiguous(), 1e-5)
+    cfg = dict(BLOCK_M=16 if M <= 16 else 64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=split_k, num_warps=4, num_stages=3,
+               TMA=tma)
+    for kw in ({}, {"norm": norm}):
+        out = torch.full((M + 2,), -1, dtype=torch.int64, device=device)
+        logits = small_m_linear(x, w, None, None, cfg, out_dtype=torch.float32, greedy=GreedyIds(out[:M], cols), **kw)
+        assert out[:M].cpu().tolist() == logits[:, :cols].cpu().argmax(-1).tolist(), kw
+        assert out[M:].cpu().tolist() == [-1, -1]
+        if cols < N - 2:
+            assert out[0] == 7, "the tie with a column past `cols` is not taken"
+        if M > 1:
+            assert out[1] == 3, "the first of three tied columns, one in another tile"

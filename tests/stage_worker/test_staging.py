@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from shardline.stage_worker.cuda_graphs import StepLayout, resolve_ids
+from shardline.kernels.embedding import resolve_ids
+from shardline.stage_worker.cuda_graphs import StepLayout
 from shardline.stage_worker.staging import HostStep, PinnedStaging
 
 
