@@ -10,7 +10,7 @@ The only place the kernels read the environment, once, at import:
     SHARDLINE_GEMV_PDL=0|1       the CUDA C GEMV's PDL, in every form; unset, its bulk-copy form
                                  takes it and the FFMA and MMA forms do not (PDL made the FFMA
                                  form's batch-1 stack 14-27% slower, the bulk form's faster,
-                                 docs/benchmarks.md)
+                                 docs/benchmarks-history.md)
     SHARDLINE_FOLD_NORMS=0       decode steps keep their RMSNorm kernels instead of folding the norms
                                  into the products' epilogues (model/transformer.py; the weights are
                                  folded either way): an A/B switch

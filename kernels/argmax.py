@@ -3,8 +3,10 @@
 In the batch-64 generate loop on an H200, torch's argmax over the 33 MB of fp32 logits ran as a
 20.7 us reduce and a 4.8 us second one, a few blocks a row; the Triton kernel (triton_argmax.py)
 spreads each row over chunks of 4,096 columns and took 10.9 us of the step's critical path
-(`python -m benchmarks.profile_decode --batch 64 --generate`, docs/benchmarks.md). The reference
-is torch's own argmax, which also returns the first maximum.
+(`python -m benchmarks.profile_decode --batch 64 --generate`, docs/benchmarks-history.md). Where
+the head runs the split-K kernel (decode at 2-64 rows) its epilogue leaves each tile's maximum
+instead and only the second pass runs (`quant.GreedyIds`). The reference is torch's own argmax,
+which also returns the first maximum.
 """
 
 from __future__ import annotations

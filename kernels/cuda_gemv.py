@@ -12,7 +12,7 @@ kernels. Three forms of one kernel, picked by the tiles (`resolve_tiles`):
   of x in registers; launched with programmatic dependent launch, the next GEMV fills its ring
   while this one drains; x is loaded after all but the first PRE stages are issued, so it does
   not queue behind the whole ring. Its consumers multiply with FFMA (int8 weights with dp4a), or
-  with tensor cores (BULK and MMA). Measured on the H200 (docs/benchmarks.md): the batch-1 stack
+  with tensor cores (BULK and MMA). Measured on the H200 (docs/benchmarks-history.md): the batch-1 stack
   at 4.4 TB/s in bf16 and 4.1 in int8, against 3.7 and 3.1 for the FFMA form.
 - FFMA: one warp owns ROWS output rows (both the gate and the up row with GLU) and walks K in
   16-byte loads that bypass L1 (`ld.global.nc.L1::no_allocate`), UNROLL chunks per row in
@@ -567,7 +567,7 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
     // first PRE stages, the consumers load the block's row scales and biases (gate then up with
     // GLU) into shared memory, for the producer's epilogue, and their chunks of the norm weight.
     // x is loaded after the wait, behind only those stages: a load waits behind the weight bytes
-    // already in flight to its multiprocessor (the H200 block timelines in docs/benchmarks.md),
+    // already in flight to its multiprocessor (the H200 block timelines in docs/benchmarks-history.md),
     // so the rest of the ring is issued once x is in.
     if (warp == WARPS && lane == 0) {
         stamp(0), stamp(1);
@@ -959,14 +959,14 @@ gemv(const uint4* __restrict__ w, const uint4* __restrict__ x, const uint4* __re
 # and lane, blocks per multiprocessor (0: one block per WARPS * ROWS rows; else a persistent grid
 # of that many blocks per multiprocessor), and PIPE: 0 loads a step's UNROLL chunks together
 # after using the last step's, 1 refills each chunk's registers as soon as it is used. These won
-# the FFMA form's batch-1 stack sweep on the H200 (docs/benchmarks.md). A config without BULK or
+# the FFMA form's batch-1 stack sweep on the H200 (docs/benchmarks-history.md). A config without BULK or
 # MMA is the FFMA form, on top of these.
 FFMA_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=4, BLOCKS=0)
 FFMA_GLU_CONFIG = dict(WARPS=8, ROWS=2, UNROLL=2, BLOCKS=0)
 # The bulk-copy form (BULK=1): consumer warps, ROWS and STAGES (0: worked out per K, bulk_tiles),
 # blocks per multiprocessor, PRE (stages streamed before the wait for the kernel before, the rest
 # once x is in; 0: the whole ring) and DP4A (int8 weights multiplied by dp4a). The default, with PDL: fastest in the
-# batch-1 stack sweeps, bf16 and int8 (`python benchmarks/gemv_bench.py --sweep`, docs/benchmarks.md).
+# batch-1 stack sweeps, bf16 and int8 (`python benchmarks/gemv_bench.py --sweep`, docs/benchmarks-history.md).
 BULK_CONFIG = dict(BULK=1, WARPS=8, ROWS=0, STAGES=0, BLOCKS=2, PRE=2, DP4A=1)
 DEFAULT_CONFIG = BULK_CONFIG
 

@@ -78,7 +78,7 @@ def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def preferred(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
     """Run a one-row linear through the GEMV by default: where the CUDA C kernel takes the operands
-    (measured faster than cuBLAS over the decode stack, docs/benchmarks.md)."""
+    (measured faster than cuBLAS over the decode stack, docs/benchmarks-history.md)."""
     from . import cuda_gemv
     return DEFAULT_BACKEND == "cuda" and fits(x, weight) and cuda_gemv.fits(x, weight, scale, bias)
 

@@ -330,11 +330,11 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_p
 # EARLY_KV (an A/B key, off): the first cached K/V tile read into registers before the PDL wait,
 # in fused decode steps only. It lost too (batch 64 +0.15-0.23 ms; +0.08-0.15 with maxnreg 128, as
 # its 31 more registers a thread leave three programs a multiprocessor instead of four;
-# docs/benchmarks.md 2026-11-30 k).
+# docs/benchmarks-history.md 2026-11-30 k).
 # OPAQUE_BT (an A/B key, off): block ids read by inline PTX, so that num_stages really pipelines the
 # K/V tiles (see _tile_blocks). Alone it gained (batch 64, context 192: 17.3 against 18.8 us at this
 # tile), in the step nothing (batch 64 4.806 against 4.800 ms over four alternated rounds, 32 rows
-# -0.05 ms in one call and +0.003 in the next; docs/benchmarks.md 2026-11-30 l).
+# -0.05 ms in one call and +0.003 in the next; docs/benchmarks-history.md 2026-11-30 l).
 DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=2)
 # 2-16 rows: half the tile, no pipelining (H200, session h: batch 16 4.647-4.671 ms a step against
 # 4.741-4.776 over four alternated runs). Batch 1 lost (3.79-3.82 against 3.75), 64 rows lost

@@ -81,7 +81,7 @@ RING_CONFIGS += [dict(SUB=sub, BLOCK_K=bk, STAGES=st, WAVES=wv) for sub, bk, st,
     (16, 64, 3, 2), (16, 64, 3, 4))]
 # The ring's MAXNREG key (registers capped, so another program fits beside it) is no candidate:
 # capped twins of these tiles and half-size capped tiles gained nothing in the H200's step, and
-# the half-size ones lost 0.1-0.8 ms (docs/benchmarks.md, 2026-11-30 i).
+# the half-size ones lost 0.1-0.8 ms (docs/benchmarks-history.md, 2026-11-30 i).
 
 
 def ring_candidates(m: int, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> list[dict]:
@@ -330,7 +330,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="a converted model directory (its manifest gives the shapes)")
     p.add_argument("--tp", type=int, default=None, help="default: the model's, or 1")
     # Each decode batch bucket takes the next larger tuned batch's entries: rows 17-32 on the 64-row
-    # entries ran 10% slower a step than 64 rows on the H200 (docs/benchmarks.md), hence 32.
+    # entries ran 10% slower a step than 64 rows on the H200 (docs/benchmarks-history.md), hence 32.
     p.add_argument("--batches", default="1,16,32,64,256")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     quant = p.add_mutually_exclusive_group()

@@ -5,7 +5,7 @@
 `tune()` (gemm_tuning.py) times each product alone, back to back with itself. In the decode step a
 product follows a norm or the attention and, with programmatic dependent launch, overlaps their
 tails and they its head, so the order alone can differ from the order in the step. Measured on an
-H200 at Llama-3-8B shape (docs/benchmarks.md, 2026-11-30): alone, qkv and o ranked cuBLAS first at
+H200 at Llama-3-8B shape (docs/benchmarks-history.md, 2026-11-30): alone, qkv and o ranked cuBLAS first at
 batch 64, where the ring GEMM took 0.1 ms/step off in the step; the batch-64 ring tile for qkv ran
 +0.9 ms/step at 16 rows, though alone it is as fast as at 64.
 
