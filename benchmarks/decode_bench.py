@@ -152,6 +152,17 @@ def prefill_tflops(pipeline: LocalPipeline, n: int = 2048) -> tuple[float, float
     return t * 1e3, 2 * params * n / t / 1e12
 
 
+def batch_list(text: str) -> list[int]:
+    """A comma-separated list of batch sizes, each >= 1."""
+    try:
+        batches = [int(b) for b in text.split(",")]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1:
+        raise argparse.ArgumentTypeError(f"expected batch sizes >= 1 separated by commas, e.g. 1,16,64; got {text!r}")
+    return batches
+
+
 def table_paths(text: str) -> list[str]:
     """--gemm-configs' value: comma-separated paths of existing `tune-gemm` tables."""
     paths = [p for p in text.split(",") if p]
@@ -237,6 +248,8 @@ def main() -> None:
     # H200 machine (2026-11-29), so it is opt-in and best run as its own call.
     ap.add_argument("--gptfast-batches", default="", help="e.g. 1,64 (minutes of compiling per batch)")
     ap.add_argument("--skip", default="", help="comma list of: int8,fp8,gptj,prefill")
+    ap.add_argument("--gptj-batches", type=batch_list, default=[1],
+                    help="GPT-J-6B (KoGPT shape) batches, e.g. 1,16,64; with --peers HF eager runs the same ones")
     ap.add_argument("--gemm-config", help="use `shardline tune-gemm` choices (and report the gain)")
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                     help="launch step N+1 before reading step N's tokens (default: the engine's)")
@@ -292,7 +305,8 @@ def main() -> None:
         res["ceilings"] = (run_json_lines([sys.executable, str(peers / "ceilings.py")]) or [{}])[0]
         res["hf"] = run_json_lines([sys.executable, str(peers / "hf_decode.py"), "llama8b", args.hf_batches])
         if "gptj" not in skip:
-            res["hf_gptj"] = run_json_lines([sys.executable, str(peers / "hf_decode.py"), "gptj6b", "1"])
+            res["hf_gptj"] = run_json_lines([sys.executable, str(peers / "hf_decode.py"), "gptj6b",
+                                             ",".join(map(str, args.gptj_batches))])
         if (peers / "gpt-fast").is_dir() and args.gptfast_batches:
             res["gptfast"] = run_json_lines([sys.executable, str(HERE / "peer_gptfast.py"), "--batches",
                                              args.gptfast_batches], env={"PYTHONPATH": str(peers / "gpt-fast")},
@@ -341,8 +355,10 @@ def main() -> None:
         del pipeline
         torch.cuda.empty_cache()
     if "gptj" not in skip:
-        pipeline = build("gptj-6b", max_num_seqs=16, max_model_len=2048)
-        res["gptj_b1_ms"] = round(decode_ms_per_step(pipeline, 1), 3)
+        pipeline = build("gptj-6b", max_num_seqs=max(16, *args.gptj_batches), max_model_len=2048)
+        res["gptj_ms"] = {b: round(decode_ms_per_step(pipeline, b), 3) for b in args.gptj_batches}
+        if 1 in res["gptj_ms"]:
+            res["gptj_b1_ms"] = res["gptj_ms"][1]
         del pipeline
         torch.cuda.empty_cache()
     print(json.dumps(res), flush=True)
@@ -371,10 +387,11 @@ def print_table(res: dict, weight_bytes: int) -> None:
     for q in ("int8", "fp8"):
         if f"{q}_b1_ms" in res:
             print(f"{q} weight-only batch 1: {res[f'{q}_b1_ms']} ms/step")
-    if "gptj_b1_ms" in res:
-        hj = (res.get("hf_gptj") or [{}])[0].get("decode_ms_per_step")
-        ratio = f"  HF eager {hj} ms -> {hj / res['gptj_b1_ms']:.1f}x" if hj else ""
-        print(f"GPT-J-6B batch 1: {res['gptj_b1_ms']} ms/step{ratio}")
+    hf_gptj = {r["batch"]: r["decode_ms_per_step"] for r in res.get("hf_gptj", [])}
+    for b, ms in res.get("gptj_ms", {}).items():
+        hj = hf_gptj.get(int(b))
+        ratio = f"  HF eager {hj} ms -> {hj / ms:.1f}x" if hj else ""
+        print(f"GPT-J-6B batch {b}: {ms} ms/step, {int(b) * 1e3 / ms:.0f} tok/s{ratio}")
     if "prefill_2048" in res:
         p = res["prefill_2048"]
         gemm = res.get("ceilings", {}).get("bf16_gemm_TFLOPs")

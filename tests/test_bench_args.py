@@ -34,6 +34,14 @@ def test_gemm_configs_takes_existing_tables_and_names_the_missing(tmp_path):
         table_paths(",")
 
 
+def test_batch_lists_parse_and_name_the_form_on_bad_input():
+    from benchmarks.decode_bench import batch_list
+    assert batch_list("1,16,64") == [1, 16, 64]
+    for bad in ("", "1,", "0,16", "x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="batch sizes >= 1"):
+            batch_list(bad)
+
+
 def test_env_variants_parse_and_name_the_form_on_bad_input():
     from benchmarks.decode_bench import env_variants, without_option
     assert env_variants("SHARDLINE_FOLD_NORMS=1;SHARDLINE_FOLD_NORMS=0") == [{"SHARDLINE_FOLD_NORMS": "1"},
@@ -87,7 +95,8 @@ def test_decode_bench_names_bad_attention_tiles_and_block_sizes_before_the_gpu()
              (["--attention-configs", '[{}, {"EARLY_KV": 1}]'], "EARLY_KV=1: true or false"),
              (["--attention-configs", '[{"OPAQUE_BT": "yes"}]'], "OPAQUE_BT='yes': true or false"),
              (["--block-size", "48"], "--block-size 48: a power of two"),
-             (["--ab-rounds", "0"], "--ab-rounds must be >= 1")]
+             (["--ab-rounds", "0"], "--ab-rounds must be >= 1"),
+             (["--gptj-batches", "0"], "batch sizes >= 1")]
     for flags, says in cases:
         out = subprocess.run([sys.executable, str(script), "--batches", "64", *flags],
                              capture_output=True, text=True, timeout=120, check=False)
