@@ -83,7 +83,8 @@ def main() -> None:
         ap.error(f"{args.gemm_config}: missing or tuned on another GPU (run `shardline tune-gemm`)")
     cfg = ModelConfig(**SHAPES[args.shape])
     pipeline = decode_bench.build(args.shape, quantization=f"{args.quant}-weight-only" if args.quant else "none",
-                                  max_num_seqs=max(args.batch, 16))
+                                  max_num_seqs=max(args.batch, 16),
+                                  max_model_len=min(4096, cfg.max_position_embeddings))  # GPT-J: 2,048
     engine = pipeline.engines[0]
     if attention_config:
         decode_bench.use_attention_config(attention_config)

@@ -125,7 +125,7 @@ class GreedyIds:
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
                    bias: torch.Tensor | None, config: dict, glu: bool = False,
                    out_dtype: torch.dtype | None = None, norm: RowNorm | None = None,
-                   residual: torch.Tensor | None = None, greedy: GreedyIds | None = None):
+                   residual: torch.Tensor | None = None, greedy: GreedyIds | None = None, gelu: bool = False):
     """The split-K small-M kernel with a tuned `config` (shardline tune-gemm), for int8 or fp8
     (with scale) or x-dtype weights; the plain product where Triton does not run. With `glu`,
     W is the fused [gate; up] projection and the result silu(gate) * up. `out_dtype` (not with
@@ -139,16 +139,22 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
 
     `greedy` (not with `residual`): each row's argmax of the result, written to greedy.out; the
     kernel's epilogue leaves each tile's maximum, so no pass over the result follows (the head's
-    logits at greedy decode)."""
+    logits at greedy decode). `gelu`: the result is gelu_tanh(the product + bias), rounded where
+    the product and then activation.gelu_tanh would round (GPT-J's and GPT-2's up projection)."""
     _check_glu(weight, glu, out_dtype)
     _check_fold(glu, out_dtype, residual)
+    if gelu and (glu or out_dtype is not None or residual is not None or greedy is not None):
+        raise ValueError("gelu follows a plain product in x's dtype: no glu, out_dtype, residual or greedy")
     if greedy is not None and (residual is not None or glu or x.dim() != 2
                                or greedy.out.shape != (x.shape[0],) or greedy.out.dtype != torch.int64):
         raise ValueError("greedy ids come from a plain product of rows [M, K] into int64 [M]")
     if use_triton(x):
         from .triton_quant import small_m_linear_triton
-        return small_m_linear_triton(x, weight, scale, bias, config, glu, out_dtype, norm, residual, greedy)
+        return small_m_linear_triton(x, weight, scale, bias, config, glu, out_dtype, norm, residual, greedy, gelu)
     y = _reference(x, weight, scale, bias, glu, out_dtype, norm, residual)
+    if gelu:
+        from .activation import gelu_tanh_ref
+        y = gelu_tanh_ref(y)
     if greedy is not None:
         greedy.out.copy_(y[:, :greedy.cols].argmax(dim=-1))
     return y

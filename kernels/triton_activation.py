@@ -8,17 +8,12 @@ five ops to the input dtype, so the two agree to a few ulps, not bit for bit).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from ._dispatch import pdl_args
 from .triton_pdl import pdl_wait
-
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-
 
 @triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, inter, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
@@ -35,14 +30,19 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, inter, BLOCK: tl.
 
 
 @triton.jit
-def _gelu_tanh_kernel(x_ptr, out_ptr, n, K0: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+def gelu_tanh_f32(x):
+    """GELU's tanh form of fp32 `x`, as x * sigmoid(2u): shared with the split-K GEMM's epilogue."""
+    two_u = 2.0 * 0.7978845608028654 * (x + 0.044715 * x * x * x)  # 2 sqrt(2 / pi) (x + 0.044715 x^3)
+    return x / (1.0 + tl.exp(-two_u))
+
+
+@triton.jit
+def _gelu_tanh_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     pdl_wait(USE_PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    two_u = 2.0 * K0 * (x + 0.044715 * x * x * x)
-    y = x / (1.0 + tl.exp(-two_u))
-    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + offs, gelu_tanh_f32(x).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
@@ -65,6 +65,5 @@ def gelu_tanh_triton(x: torch.Tensor) -> torch.Tensor:
     n = xc.numel()
     BLOCK = 2048
     if n:
-        _gelu_tanh_kernel[(triton.cdiv(n, BLOCK),)](xc, out, n, K0=_SQRT_2_OVER_PI, BLOCK=BLOCK,
-                                                     num_warps=8, **pdl_args(xc))
+        _gelu_tanh_kernel[(triton.cdiv(n, BLOCK),)](xc, out, n, BLOCK=BLOCK, num_warps=8, **pdl_args(xc))
     return out

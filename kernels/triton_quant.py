@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 from ._dispatch import pdl_args
-from .activation import silu_and_mul
+from .activation import gelu_tanh, silu_and_mul
+from .triton_activation import gelu_tanh_f32
 from .triton_pdl import pdl_wait, prefetch_l2
 
 
@@ -85,9 +86,10 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, AHEAD: tl.constexpr, LINE: tl.constexpr,
                         TMA: tl.constexpr, ROW_NORM: tl.constexpr, PARTS_P2: tl.constexpr,
-                        RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr, USE_PDL: tl.constexpr):
+                        RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr, GELU: tl.constexpr, USE_PDL: tl.constexpr):
     """GLU: w is the fused [gate; up] projection [2N, K]; the program's tile is BLOCK_N gate rows
-    and the BLOCK_N up rows N below them, and it writes silu(gate) * up [M, N]. TMA: the loop's
+    and the BLOCK_N up rows N below them, and it writes silu(gate) * up [M, N]. GELU: it writes
+    gelu_tanh(the product + bias) (GPT-J's and GPT-2's up projection). TMA: the loop's
     tiles come through x_desc and w_desc (tensor descriptors: the copy engine fetches them into
     shared memory and zero-fills past the edges); x_ptr and w_ptr still serve the L2 prefetches.
     AHEAD > 0: each iteration also asks L2 for the weight tile AHEAD tiles on (clamped to the
@@ -165,16 +167,19 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
                                       cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + tile, 0)
             _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr, greedy_cols,
-                 pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL, ARGMAX)
+                 pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL, ARGMAX,
+                 GELU)
     else:
         _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr, greedy_cols,
-             pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL, ARGMAX)
+             pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL, ARGMAX,
+             GELU)
 
 
 @triton.jit
 def _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr, greedy_cols,
          tile_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-         GLU: tl.constexpr, ROW_NORM: tl.constexpr, RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr):
+         GLU: tl.constexpr, ROW_NORM: tl.constexpr, RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr,
+         GELU: tl.constexpr):
     """The split-K kernel's epilogue: the row norm's scale (a row factor, so it goes before the
     bias like the channel scale), then the plain store or the residual's, then the tile's argmax."""
     if ROW_NORM:
@@ -183,21 +188,23 @@ def _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_pt
         if GLU:
             acc_up = acc_up * rstd[:, None]
     if RESIDUAL:
-        y = finish(acc, acc_up, scale_ptr, bias_ptr, offs_n, N, out_ptr.dtype.element_ty, HAS_SCALE, HAS_BIAS, GLU)
+        y = finish(acc, acc_up, scale_ptr, bias_ptr, offs_n, N, out_ptr.dtype.element_ty, HAS_SCALE, HAS_BIAS, GLU,
+                   GELU)
         residual_epilogue(y, res, out_ptr, ss_out_ptr, tile_n, offs_m, offs_n, M, N, stride_om)
     else:
         y = epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_SCALE,
-                     HAS_BIAS, GLU)
+                     HAS_BIAS, GLU, GELU)
         if ARGMAX:
             tile_argmax(y, best_ptr, first_ptr, greedy_cols, tile_n, offs_m, offs_n, M)
 
 
 @triton.jit
 def finish(acc, acc_up, scale_ptr, bias_ptr, offs_n, N, dtype: tl.constexpr,
-           HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr):
+           HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr, GELU: tl.constexpr = False):
     """acc [* scale] [+ bias]; with GLU, silu(that) * (acc_up [* scale] [+ bias]) where scale and
-    bias of the up rows sit N entries on: fp32 values that `dtype` holds exactly where the unfused
-    path (the product, then activation.silu_and_mul) rounds, but for the last rounding."""
+    bias of the up rows sit N entries on; with GELU, gelu_tanh(that): fp32 values that `dtype`
+    holds exactly where the unfused path (the product, then activation.silu_and_mul or
+    activation.gelu_tanh's kernel) rounds, but for the last rounding."""
     n_mask = offs_n < N
     y = acc
     if HAS_SCALE:
@@ -213,15 +220,17 @@ def finish(acc, acc_up, scale_ptr, bias_ptr, offs_n, N, dtype: tl.constexpr,
         g = y.to(dtype).to(tl.float32)
         silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
         y = silu * u.to(dtype).to(tl.float32)
+    if GELU:
+        y = gelu_tanh_f32(y.to(dtype).to(tl.float32))
     return y
 
 
 @triton.jit
 def epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
-             HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr):
+             HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr, GELU: tl.constexpr = False):
     """out[offs_m, offs_n] = finish(...) in out's dtype. Shared by the stream-K kernel."""
     dtype = out_ptr.dtype.element_ty
-    y = finish(acc, acc_up, scale_ptr, bias_ptr, offs_n, N, dtype, HAS_SCALE, HAS_BIAS, GLU)
+    y = finish(acc, acc_up, scale_ptr, bias_ptr, offs_n, N, dtype, HAS_SCALE, HAS_BIAS, GLU, GELU)
     mask = (offs_m[:, None] < M) & (offs_n < N)[None, :]
     tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :], y.to(dtype), mask=mask)
     return y.to(dtype)
@@ -324,7 +333,7 @@ def quantized_linear_triton(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Ten
 def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
                           bias: torch.Tensor | None = None, config: dict | None = None,
                           glu: bool = False, out_dtype: torch.dtype | None = None, norm=None,
-                          residual: torch.Tensor | None = None, greedy=None):
+                          residual: torch.Tensor | None = None, greedy=None, gelu: bool = False):
     """`w` [N, K] is int8 or fp8 with `scale`, or x's dtype with scale None (then `config` is
     required: the caller chose this kernel over cuBLAS by timing it). With `glu`, w is the fused
     [gate; up] projection [2N, K] and the output silu(gate) * up [.., N]; the tile holds
@@ -335,7 +344,8 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     `norm` (a norm.RowNorm of x) and `residual`: the epilogue's fold of the RMSNorm before the
     product and of the residual add after it (quant.small_m_linear); with `residual` the result is
     (the stream's next value, its partial sums of squares [N tiles, M]). `greedy` (a
-    quant.GreedyIds): each row's argmax, from the epilogue's per-tile maxima and a pick kernel."""
+    quant.GreedyIds): each row's argmax, from the epilogue's per-tile maxima and a pick kernel.
+    `gelu`: the output is gelu_tanh(the product + bias), in the epilogue."""
     assert out_dtype is None or not glu, "SwiGLU's output is x's dtype"
     from ._dispatch import sm_count
     N, K = w.shape
@@ -347,6 +357,8 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
         w = w.to(x.dtype) * scale.to(x.dtype)[:, None]
         y = torch.nn.functional.linear(x, w, bias)
         y = silu_and_mul(y) if glu else y.to(out_dtype or y.dtype)
+        if gelu:
+            y = gelu_tanh(y)
         if greedy is not None:
             from .argmax import argmax_rows
             argmax_rows(y[:, :greedy.cols], out=greedy.out)
@@ -383,6 +395,7 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
                               bias if bias is not None else dummy, out, part,
                               counters, M, N, K, x2.stride(0), w.stride(0), out.stride(0), *fold.args,
                               best, first, greedy.cols if greedy is not None else 0, ARGMAX=greedy is not None,
+                              GELU=gelu,
                               ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2, RESIDUAL=residual is not None,
                               HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8,
                               EVEN_K=K % cfg["BLOCK_K"] == 0,

@@ -149,10 +149,17 @@ def test_glu_takes_the_tables_triton_choice_with_swiglu_in_its_epilogue(monkeypa
     real = quant.small_m_linear
     monkeypatch.setattr(quant, "small_m_linear", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
     torch.testing.assert_close(lin.glu(x), want)
-    assert seen == [{"glu": True, "out_dtype": None}]
+    assert seen == [{"glu": True, "out_dtype": None, "gelu": False}]
     logits = lin(x, out_dtype=torch.float64)  # the logits' path: the kernel writes the wider dtype itself
-    assert seen[-1] == {"glu": False, "out_dtype": torch.float64} and logits.dtype == torch.float64
+    assert seen[-1] == {"glu": False, "out_dtype": torch.float64, "gelu": False} and logits.dtype == torch.float64
     torch.testing.assert_close(logits, torch.nn.functional.linear(x, w).double())
+    # GELU (GPT-J, GPT-2) goes into the same kernel's epilogue; without a table, the activation follows
+    gelu = activation.gelu_tanh_ref(torch.nn.functional.linear(x, w))
+    torch.testing.assert_close(lin.gelu(x), gelu)
+    assert seen[-1] == {"glu": False, "out_dtype": None, "gelu": True}
+    lin.gemms = None
+    torch.testing.assert_close(lin.gelu(x), gelu)
+    assert len(seen) == 3
 
 
 def test_tma_twins_every_split_k_tile_only_where_asked():

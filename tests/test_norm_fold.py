@@ -122,3 +122,26 @@ def test_rows_that_do_not_all_sample_take_the_plain_head(monkeypatch):
         meta.sample_rows = torch.tensor([1, 3])
         some = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
     torch.testing.assert_close(some, every[[1, 3]], rtol=1e-4, atol=1e-4)
+
+
+def test_gptj_parallel_residual_adds_in_downs_epilogue(monkeypatch):
+    """GPT-J at decode rows where down's kernel takes the residual add: down's epilogue adds
+    attention's output and down's bias (no add kernels), and the up projection's epilogue its
+    GELU; the logits are the plain path's (two adds after down, the activation kernel)."""
+    from shardline.model.random_weights import GPTJ_SMALL
+    from shardline.model.layers import Linear
+    cfg = ModelConfig(**GPTJ_SMALL)
+    weights = random_stage_weights(random_manifest(cfg, "fp32"), 0, 0, "cpu", seed=4)
+    model = StageModel(cfg, single_rank(), weights, 0, cfg.num_layers, True, True)
+    assert model.layers[0].post_attention_norm is None and model.layers[0].down_proj.bias is not None
+    ids, meta, caches = _decode_step(cfg, 5, 24)
+    folds = []
+    real_fold = Linear.fold
+    monkeypatch.setattr(Linear, "fold", lambda self, *a, **kw: folds.append(self) or real_fold(self, *a, **kw))
+    with torch.inference_mode():
+        fused = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
+    assert folds == [layer.down_proj for layer in model.layers]
+    monkeypatch.setattr(Linear, "folds", lambda self, x: False)
+    with torch.inference_mode():
+        plain = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
+    torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-4)

@@ -49,16 +49,21 @@ class Linear:
         table chose a Triton kernel for x's rows, else the product, then the activation kernel."""
         return self._product(x, self.bias, glu=True)
 
+    def gelu(self, x: torch.Tensor) -> torch.Tensor:
+        """gelu_tanh(this product + bias): in the split-K kernel's epilogue where the table chose it
+        for x's rows, else the product, then the activation kernel."""
+        return self._product(x, self.bias, gelu=True)
+
     def _product(self, x: torch.Tensor, bias: torch.Tensor | None, glu: bool = False,
-                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                 out_dtype: torch.dtype | None = None, gelu: bool = False) -> torch.Tensor:
         choice = self._choice(x)
         impl = choice["impl"] if choice is not None else None
-        if impl == "triton":
+        if impl == "triton":  # SwiGLU or GELU in its epilogue
             return quant.small_m_linear(x, self.weight, self.scale, bias, choice["config"], glu=glu,
-                                        out_dtype=out_dtype)
+                                        out_dtype=out_dtype, gelu=gelu)
         if impl == "ring":  # SwiGLU in its epilogue too, and the logits' fp32 from its sums
-            return quant.ring_linear(x, self.weight, bias, choice["config"], glu=glu, out_dtype=out_dtype)
-        if impl == "streamk":  # SwiGLU in its epilogue too
+            y = quant.ring_linear(x, self.weight, bias, choice["config"], glu=glu, out_dtype=out_dtype)
+        elif impl == "streamk":  # SwiGLU in its epilogue too
             y = quant.streamk_linear(x, self.weight, self.scale, bias, glu=glu, config=choice["config"])
         else:
             if self._runs_gemv(x, choice):
@@ -69,6 +74,8 @@ class Linear:
                 y = F.linear(x, self.weight, bias)
             if glu:
                 y = activation.silu_and_mul(y)
+        if gelu:
+            y = activation.gelu_tanh(y)
         return y if out_dtype is None else y.to(out_dtype)
 
     def folds(self, x: torch.Tensor) -> bool:

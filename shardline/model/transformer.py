@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from shardline.config import ModelConfig
-from shardline.kernels import _dispatch, activation, attention, norm, rotary
+from shardline.kernels import _dispatch, attention, norm, rotary
 from shardline.kernels.argmax import argmax_rows
 from shardline.kernels.embedding import embed_rows, resolve_ids
 from shardline.kernels.norm import RowNorm
@@ -149,8 +149,11 @@ class DecoderLayer:
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """Partial (pre-all-reduce, bias-free) MLP output [T, H]."""
-        h = self.up_proj.glu(x) if self.is_glu else activation.gelu_tanh(self.up_proj(x))
-        return self.down_proj(h, add_bias=False)
+        return self.down_proj(self._activation(x), add_bias=False)
+
+    def _activation(self, x: torch.Tensor) -> torch.Tensor:
+        """The up projection and its activation (SwiGLU, GELU): in its epilogue where its kernel can."""
+        return self.up_proj.glu(x) if self.is_glu else self.up_proj.gelu(x)
 
     def _decode(self, h: torch.Tensor, residual: torch.Tensor | None, meta: StepMetadata,
                 k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,8 +222,12 @@ class DecoderLayer:
             residual = h
         if self.post_attention_norm is None:
             # Parallel residual (GPT-J): attention and MLP read the same normed input, so their
-            # partial sums share one all-reduce instead of two.
-            partial = self.attention(x, meta, k_cache, v_cache) + self.mlp(x)
+            # partial sums share one all-reduce instead of two. On one rank, where down's kernel
+            # takes the residual add, it adds attention's output and its own bias in its epilogue.
+            attn, act = self.attention(x, meta, k_cache, v_cache), self._activation(x)
+            if self.tp.size == 1 and self.o_proj.bias is None and self.down_proj.folds(act):
+                return self.down_proj.fold(act, residual=attn)[0], residual
+            partial = attn + self.down_proj(act, add_bias=False)
             return self._reduce(partial, self.o_proj.bias, self.down_proj.bias), residual
         attn = self._reduce(self.attention(x, meta, k_cache, v_cache), self.o_proj.bias)
         x, residual = self.post_attention_norm(attn, residual)

@@ -176,6 +176,17 @@ def test_int8_linear_keeps_leading_dims(device):
     assert_close(out.view(6, 96), quantized_linear_ref(x, q, scale), "quantized_linear on [2, 3, K]")
 
 
+def _biased_problem(M, N, K, dtype, device, weights, spread):
+    """x [M, K], a weight [N, K] of x's dtype or int8 with its scale, and a bias."""
+    x = torch.randn(M, K, device=device, dtype=dtype)
+    w, scale = torch.randn(N, K, device=device) * spread, None
+    if weights == "int8":
+        w, scale = quantize_int8_ref(w, dtype)
+    else:
+        w = w.to(dtype)
+    return x, w, scale, torch.randn(N, device=device, dtype=dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("weights", ["x", "int8"])
 @pytest.mark.parametrize("split_k", [1, 2])
@@ -183,14 +194,7 @@ def test_small_m_linear_writes_fp32_from_its_sums(device, weights, split_k):
     """out_dtype=float32 (the logits): the kernel stores its fp32 sums; rounded to x's dtype they
     are exactly what the x-dtype call writes, and they sit closer to the fp32 reference."""
     dtype = torch.float16 if device == "cpu" else torch.bfloat16
-    M, N, K = 7, 200, 256
-    x = torch.randn(M, K, device=device, dtype=dtype)
-    w, scale = torch.randn(N, K, device=device) * 0.05, None
-    if weights == "int8":
-        w, scale = quantize_int8_ref(w, dtype)
-    else:
-        w = w.to(dtype)
-    bias = torch.randn(N, device=device, dtype=dtype)
+    x, w, scale, bias = _biased_problem(7, 200, 256, dtype, device, weights, 0.05)
     cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, SPLIT_K=split_k, num_warps=4, num_stages=2)
     wide = small_m_linear(x, w, scale, bias, cfg, out_dtype=torch.float32)
     narrow = small_m_linear(x, w, scale, bias, cfg)
@@ -336,3 +340,36 @@ def test_split_k_epilogue_leaves_each_rows_greedy_id(device, split_k, M, N, K, c
             assert out[0] == 7, "the tie with a column past `cols` is not taken"
         if M > 1:
             assert out[1] == 3, "the first of three tied columns, one in another tile"
+
+
+def test_gelu_reference_and_errors():
+    from shardline.kernels.activation import gelu_tanh_ref
+    x, w = torch.randn(3, 32, dtype=torch.float64), torch.randn(20, 32, dtype=torch.float64)
+    bias = torch.randn(20, dtype=torch.float64)
+    if _dispatch.use_triton(x):
+        pytest.skip("TRITON_INTERPRET routes CPU tensors to Triton")
+    torch.testing.assert_close(small_m_linear(x, w, None, bias, {}, gelu=True), gelu_tanh_ref(x @ w.T + bias))
+    for kw in ({"glu": True}, {"out_dtype": torch.float32}, {"residual": torch.zeros(3, 20, dtype=torch.float64)}):
+        with pytest.raises(ValueError, match="gelu follows a plain product|residual add follows|out_dtype is for"):
+            small_m_linear(x, torch.cat([w, w]) if "glu" in kw else w, None, None, {}, gelu=True, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("weights", ["x", "int8"])
+@pytest.mark.parametrize("tma", [0, 1])
+def test_split_k_epilogue_applies_gelu_where_the_unfused_path_would(device, split_k, weights, tma):
+    """GELU in the epilogue (GPT-J's up projection): the product with its bias rounded to x's dtype,
+    then the activation kernel's formula, so the same call without it, then activation.gelu_tanh,
+    gives the same values."""
+    if tma and device != "cuda":
+        pytest.skip("tensor-memory-accelerator loads need a Hopper GPU")
+    from shardline.kernels.activation import gelu_tanh
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    M, N = 7, 300
+    x, w, scale, bias = _biased_problem(M, N, 384, dtype, device, weights, 0.1)
+    cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=split_k, num_warps=4, num_stages=3, TMA=tma)
+    fused = small_m_linear(x, w, scale, bias, cfg, gelu=True)
+    unfused = gelu_tanh(small_m_linear(x, w, scale, bias, cfg))
+    assert fused.dtype == dtype and fused.shape == (M, N)
+    assert_close(fused, unfused, "GELU in the epilogue against the activation kernel after", tol=1e-6)
