@@ -324,7 +324,7 @@ class StageModel:
             h, residual = layer(h, residual, meta, k_cache, v_cache)
         every_row = meta.sample_rows.shape[0] == h.shape[0]  # ascending, so they are 0..T-1
         if isinstance(residual, RowNorm):  # the folded layers leave the whole stream in h
-            if self.is_last and self.head_folded and every_row and self.lm_head.folds(h):
+            if self.is_last and self.head_folded and self.tp.size == 1 and every_row and self.lm_head.folds(h):
                 ids = None if greedy is None else GreedyIds(greedy, self.cfg.vocab_size)
                 return self._logits(self.lm_head.fold(h, norm=residual, out_dtype=torch.float32, greedy=ids))
             residual = None
