@@ -241,7 +241,7 @@ def run_json_lines(cmd: list[str], env: dict | None = None, timeout: int = 600) 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", default="1,16,64,256")
+    ap.add_argument("--batches", type=batch_list, default=[1, 16, 64, 256])
     ap.add_argument("--peers", help="folder with ceilings.py, hf_decode.py and gpt-fast/ (git-ignored)")
     ap.add_argument("--hf-batches", default="1,16,64,256")
     # gpt-fast compiles per batch size for minutes: at batches 1 and 64 it ran past 420 s on a fresh
@@ -292,7 +292,7 @@ def main() -> None:
         ap.error(f"--block-size {args.block_size}: a power of two, e.g. 16 or 64")
     global GEMM_CONFIG, OVERLAP, BLOCK_SIZE
     GEMM_CONFIG, OVERLAP, BLOCK_SIZE = args.gemm_config or (args.gemm_configs or [None])[0], args.overlap, args.block_size
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = args.batches
     skip = set(filter(None, args.skip.split(",")))
     res: dict = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
                  "command": " ".join(sys.argv), "torch": torch.__version__,

@@ -121,6 +121,11 @@ class GreedyIds:
     out: torch.Tensor
     cols: int
 
+    def take(self, y: torch.Tensor) -> None:
+        """Write them from a product `y` [M, >= cols] already computed (where no epilogue did)."""
+        from .argmax import argmax_rows
+        argmax_rows(y[:, :self.cols], out=self.out)
+
 
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
                    bias: torch.Tensor | None, config: dict, glu: bool = False,
@@ -156,7 +161,7 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
         from .activation import gelu_tanh_ref
         y = gelu_tanh_ref(y)
     if greedy is not None:
-        greedy.out.copy_(y[:, :greedy.cols].argmax(dim=-1))
+        greedy.take(y)
     return y
 
 

@@ -96,7 +96,8 @@ def test_decode_bench_names_bad_attention_tiles_and_block_sizes_before_the_gpu()
              (["--attention-configs", '[{"OPAQUE_BT": "yes"}]'], "OPAQUE_BT='yes': true or false"),
              (["--block-size", "48"], "--block-size 48: a power of two"),
              (["--ab-rounds", "0"], "--ab-rounds must be >= 1"),
-             (["--gptj-batches", "0"], "batch sizes >= 1")]
+             (["--gptj-batches", "0"], "batch sizes >= 1"),
+             (["--batches", "64,x"], "batch sizes >= 1")]
     for flags, says in cases:
         out = subprocess.run([sys.executable, str(script), "--batches", "64", *flags],
                              capture_output=True, text=True, timeout=120, check=False)

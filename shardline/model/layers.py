@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 from shardline.kernels import activation, gemv, quant
 from shardline.kernels._dispatch import use_triton
-from shardline.kernels.argmax import argmax_rows
 from shardline.kernels.norm import RowNorm
 from shardline.parallel import TPGroup
 
@@ -99,7 +98,7 @@ class Linear:
             y = quant.ring_linear(x, self.weight, self.bias, choice["config"], glu=glu, out_dtype=out_dtype,
                                   norm=norm, residual=residual)
             if greedy is not None:
-                argmax_rows(y[:, :greedy.cols], out=greedy.out)
+                greedy.take(y)
             return y
         return quant.small_m_linear(x, self.weight, self.scale, self.bias, choice and choice["config"], glu=glu,
                                     out_dtype=out_dtype, norm=norm, residual=residual, greedy=greedy)
