@@ -27,6 +27,8 @@ from shardline.kernels.attention import paged_attention_ref
 from shardline.kernels.rotary import rotary_cos_sin
 
 H, NH, NKV, HD, INTER, BLOCK = 4096, 32, 8, 128, 14336, 16  # Llama-3-8B, KV block of 16 tokens
+# --heads: the attention sections' (query heads, KV heads, head_dim) for another model's layer.
+HEADS = {"llama3-8b": (32, 8, 128), "gptj-6b": (16, 16, 256)}
 BF16 = torch.bfloat16
 L2_ROTATION_BYTES = 256 << 20
 ROWS: list[str] = []
@@ -256,6 +258,12 @@ def decode_step_inputs(B: int, ctx: int, head_major: bool = False) -> tuple:
     return q, k, v, pos, cos_sin, kc, vc, slots, tables, seq_lens, qsl, scale
 
 
+# The fused step's decode configs that --sweep times beside the default.
+ATTENTION_STEP_SWEEP = (dict(BLOCK_N=64, num_warps=4, num_stages=2), dict(BLOCK_N=32, num_warps=4, num_stages=2),
+                        dict(BLOCK_N=32, num_warps=4, num_stages=2, CORES=True),
+                        dict(BLOCK_N=16, num_warps=4, num_stages=2, CORES=True),
+                        dict(BLOCK_N=32, num_warps=8, num_stages=2, CORES=True),
+                        dict(BLOCK_N=64, num_warps=8, num_stages=2, CORES=True))
 DECODE_SHAPES = ((1, 192), (1, 2048), (16, 1024), (64, 192), (64, 512), (256, 192))
 
 
@@ -289,6 +297,14 @@ def bench_decode_attention(sweep: bool, shapes=DECODE_SHAPES) -> None:
                                                      max_seq_len=ctx)
                 return two_kernels
             return build
+        def make_fused(cfg):
+            """The fused step (make_step(True)) with the decode kernel's config `cfg`."""
+            def build():
+                q, k, v, pos, cs, kc, vc, slots, tables, seq_lens, qsl, scale = decode_step_inputs(B, ctx)
+                return lambda: paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, scale, max_query_len=1,
+                                                      max_seq_len=ctx, decode_config=cfg,
+                                                      rotary=(k, v, pos, cs, HD, slots))
+            return build
         bench("decode step attention", shape, "rotary kernel + triton", make_step(False), nbytes)
         bench("decode step attention", shape, "rotary fused in triton", make_step(True), nbytes)
         bench("decode step attention", shape, "rotary fused, head-major cache", make_step(True, True), nbytes)
@@ -304,6 +320,13 @@ def bench_decode_attention(sweep: bool, shapes=DECODE_SHAPES) -> None:
             for splits in (1, 2, 4, 8, 32):
                 bench("decode attention", shape, f"triton splits={splits}",
                       make(paged_attention_triton, num_splits=splits), nbytes)
+            for block_n, warps, stages in itertools.product((16, 32, 64), (2, 4, 8), (1, 2, 3)):  # no tl.dot
+                cfg = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, CORES=True)
+                bench("decode attention", shape, f"triton BLOCK_N={block_n} warps={warps} stages={stages} CORES",
+                      make(paged_attention_triton, decode_config=cfg), nbytes)
+            for cfg in ATTENTION_STEP_SWEEP:
+                bench("decode step attention", shape, "rotary fused, " + " ".join(f"{k}={v}" for k, v in cfg.items()),
+                      make_fused(cfg), nbytes)
 
         def make_sdpa():
             k = torch.randn(B, NKV, ctx, HD, device="cuda", dtype=BF16)
@@ -447,11 +470,16 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also time alternative launch configs")
     parser.add_argument("--decode-shapes", type=decode_shapes,
                         help="decode attention's (batch x context) shapes, e.g. 64x192,64x256")
+    parser.add_argument("--heads", choices=sorted(HEADS), default="llama3-8b",
+                        help="the attention sections' heads: query heads, KV heads and head_dim of this model")
     args = parser.parse_args()
+    global NH, NKV, HD
+    NH, NKV, HD = HEADS[args.heads]
     import triton
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
     print(f"# command: {' '.join(sys.argv)}")
+    print(f"# attention heads ({args.heads}): {NH} query, {NKV} KV, head_dim {HD}")
     print(f"{'op':22s} {'shape':28s} {'impl':24s} {'us':>10s} {'GB/s':>8s} {'TFLOP/s':>7s}")
     torch.manual_seed(0)
     copy_ceiling()

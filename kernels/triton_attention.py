@@ -104,18 +104,29 @@ def _load_kv_tiles(k_cache_ptr, v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, k
 
 @triton.jit
 def _online_softmax_step(q, k, v, visible, acc, l_i, m_i, scale_log2, DOT_PRECISION: tl.constexpr,
-                         MASKED: tl.constexpr = True):
+                         MASKED: tl.constexpr = True, CORES: tl.constexpr = False):
     """Fold one K/V tile into the running (acc, l, m) of the rows of q; `visible` masks the scores
     (unless not MASKED: every key visible). A row must see at least one key of its first tile (the
-    callers' key 0) to keep m finite."""
-    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2  # (M, N)
+    callers' key 0) to keep m finite.
+
+    CORES: both products on the CUDA cores (broadcast, multiply, sum in fp32) instead of tl.dot,
+    for a decode group of one or two heads, which tl.dot would pad to 16 rows. Rounding as the
+    tensor-core path's: q and k in q's dtype, p rounded to it before it weights v."""
+    if CORES:
+        s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(q.dtype).to(tl.float32)[None, :, :], axis=2) * scale_log2
+    else:
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2  # (M, N)
     if MASKED:
         s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    if CORES:
+        pv = tl.sum(p.to(q.dtype).to(tl.float32)[:, :, None] * v.to(q.dtype).to(tl.float32)[None, :, :], axis=1)
+    else:
+        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, None] + pv
     return acc, l_i, m_new
 
 
@@ -130,7 +141,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
-                   EARLY_KV: tl.constexpr, OPAQUE_BT: tl.constexpr, USE_PDL: tl.constexpr):
+                   EARLY_KV: tl.constexpr, OPAQUE_BT: tl.constexpr, CORES: tl.constexpr, USE_PDL: tl.constexpr):
     """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
     sequence). The kernel rotates q and the row's new key, writes the new key and value to the
     row's cache slot (skipped when the slot is < 0) and attends over the new token from registers:
@@ -191,14 +202,15 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     if EARLY_KV:
         if lo < hi_cached:  # an empty tile would leave m at -inf and the rescale at NaN
             acc, l_i, m_i = _online_softmax_step(q, k0, v0, mask0[None, :], acc, l_i, m_i, scale_log2,
-                                                 DOT_PRECISION)
+                                                 DOT_PRECISION, CORES=CORES)
         first = lo + BLOCK_N
     for n0 in range(first, hi_cached, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi_cached
         k, v = _load_kv_tiles(k_cache_ptr, v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh, stride_k_blk,
                               stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE, OPAQUE_BT)
-        acc, l_i, m_i = _online_softmax_step(q, k, v, mask_n[None, :], acc, l_i, m_i, scale_log2, DOT_PRECISION)
+        acc, l_i, m_i = _online_softmax_step(q, k, v, mask_n[None, :], acc, l_i, m_i, scale_log2, DOT_PRECISION,
+                                             CORES=CORES)
     if ROTARY:
         if (kv_len > 0) & (kv_len - 1 >= lo) & (kv_len - 1 < hi):  # this split holds the new token
             cdt = k_cache_ptr.dtype.element_ty
@@ -402,6 +414,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         # Early K/V reads are safe only where an earlier step wrote every cached key: a fused decode step.
         early_kv = cfg.pop("EARLY_KV", False) and one_row and rotary is not None
         opaque_bt = cfg.pop("OPAQUE_BT", False) and not _dispatch.TRITON_INTERPRET  # the interpreter runs no PTX
+        cores = cfg.pop("CORES", False)
         hd_p2 = common["HEAD_DIM_P2"]
         if splits > 1:
             part_out = torch.empty((T, nh, splits, hd_p2), dtype=torch.float32, device=q.device)
@@ -419,8 +432,9 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
             rot = dict(ROTARY=False, HALF=1, ROT=2)
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
-            scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
-            NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, **cfg, **common, **pdl_args(q))
+            scale_log2, B, nh, *strides, *new_kv, GROUP=group,
+            GROUP_P2=next_pow2(group) if cores else max(next_pow2(group), 16), NUM_SPLITS=splits, **rot,
+            ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, CORES=cores, **cfg, **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,

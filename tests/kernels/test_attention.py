@@ -126,6 +126,25 @@ def test_decode_configs(device, block_n, warps, stages):
     assert_close(out, paged_attention_ref(q, **kw), f"decode with {cfg}")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", HEADS)
+@pytest.mark.parametrize("block_n", [16, 64])
+def test_decode_on_cuda_cores(device, num_heads, num_kv_heads, head_dim, block_n):
+    """CORES: both products as broadcast multiply-sums, the group unpadded (one head for MHA),
+    against the reference, in bf16 and fp32, with and without context splits."""
+    from shardline.kernels.triton_attention import paged_attention_triton
+    if not _dispatch.use_triton(torch.empty(0, device=device)):
+        pytest.skip("the Triton kernel itself is under test")
+    ctx = [0, 14, 15, 16, 99, 300] if device == "cuda" else [0, 15, 40]
+    for dtype in (torch.float32, torch.bfloat16):
+        q, kw = make_paged_batch([(c, 1) for c in ctx], num_heads, num_kv_heads, head_dim, dtype=dtype,
+                                 device=device)
+        for splits in (1, 4):
+            cfg = dict(BLOCK_N=block_n, num_warps=4, num_stages=2, CORES=True, splits=splits)
+            out = paged_attention_triton(q, **kw, max_query_len=1, decode_config=cfg)
+            assert_close(out, paged_attention_ref(q, **kw), f"decode on the CUDA cores, {dtype}, {cfg}")
+
+
 def test_decode_tile_by_rows_and_the_benchmarks_override():
     """2-16 rows take the small-batch tile, 1 and 17+ the default; a benchmark's override changes
     only the keys it names, at every row count, and {} restores the choice."""
@@ -255,8 +274,8 @@ def _decode_step_with_new_tokens(ctx, nh, nkv, hd, dtype, device, padding_rows=0
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("nh,nkv,hd,rd", [(6, 2, 64, 64), (32, 8, 128, 128), (4, 4, 96, 48)])
 @pytest.mark.parametrize("num_splits", [1, 2, 8])
-@pytest.mark.parametrize("form", [{}, {"EARLY_KV": True}, {"OPAQUE_BT": True, "num_stages": 4}],
-                         ids=["", "early_kv", "opaque_bt"])
+@pytest.mark.parametrize("form", [{}, {"EARLY_KV": True}, {"OPAQUE_BT": True, "num_stages": 4}, {"CORES": True}],
+                         ids=["", "early_kv", "opaque_bt", "cores"])
 def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_splits, form):
     """One kernel (rotary, cache write, attention over the new token from registers) against the
     references run in turn, with context splits that do and do not hold the new token alone, with
