@@ -41,7 +41,8 @@ OVERLAP: bool | None = None  # --overlap / --no-overlap (None: EngineConfig's de
 BLOCK_SIZE: int | None = None  # --block-size (None: EngineConfig's default)
 # The decode attention keys an A/B may change over the kernel's choice (--attention-configs, and
 # step_tune's --attention-config).
-ATTENTION_TILE_KEYS = {"BLOCK_N", "num_warps", "num_stages", "maxnreg", "splits", "EARLY_KV", "OPAQUE_BT"}
+ATTENTION_TILE_KEYS = {"BLOCK_N", "num_warps", "num_stages", "maxnreg", "splits", "EARLY_KV", "OPAQUE_BT",
+                       "FUSE_ROTARY"}
 
 
 def attention_config_problem(c) -> str | None:
@@ -52,7 +53,7 @@ def attention_config_problem(c) -> str | None:
     splits = c.get("splits", 1)
     if not (isinstance(splits, int) and 1 <= splits <= 64 and splits & (splits - 1) == 0):
         return f"splits={splits!r}: a power of two from 1 to 64 (the context splits a row's keys take)"
-    for key in ("EARLY_KV", "OPAQUE_BT"):
+    for key in ("EARLY_KV", "OPAQUE_BT", "FUSE_ROTARY"):
         if not isinstance(c.get(key, False), bool):
             return f"{key}={c[key]!r}: true or false"
     return None
@@ -239,6 +240,29 @@ def run_json_lines(cmd: list[str], env: dict | None = None, timeout: int = 600) 
     return rows
 
 
+def time_variants(pipeline: LocalPipeline, batches: list[int], variants: list[dict], rounds: int,
+                  tables: dict, weight_bytes: int) -> list[dict]:
+    """Each batch's decode step under each A/B variant in turn (`rounds` times when there are
+    several; graphs recaptured for each): one row a timing, also printed as it comes."""
+    from shardline.kernels import triton_attention
+    rows = []
+    for b in batches:
+        for variant in variants * (rounds if len(variants) > 1 else 1):
+            if len(variants) > 1:
+                triton_attention.DECODE_OVERRIDE = dict(variant.get("attention", {}))
+                if "gemm_config" in variant:
+                    pipeline.engines[0].model.configure_gemms(tables[variant["gemm_config"]])
+                pipeline.engines[0].graphs.reset()
+            ms = decode_ms_per_step(pipeline, b)
+            gpu_ms = graph_replay_ms(pipeline, b)
+            rows.append({"batch": b, "decode_ms_per_step": round(ms, 3), "tok_s": round(b * 1e3 / ms, 1),
+                         "weight_GBps": round(weight_bytes / ms / 1e6, 1),
+                         "graph_replay_ms": round(gpu_ms, 3) if gpu_ms else None, **variant})
+            print(json.dumps(rows[-1]), flush=True)
+    triton_attention.DECODE_OVERRIDE = {}
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=batch_list, default=[1, 16, 64, 256])
@@ -247,7 +271,7 @@ def main() -> None:
     # gpt-fast compiles per batch size for minutes: at batches 1 and 64 it ran past 420 s on a fresh
     # H200 machine (2026-11-29), so it is opt-in and best run as its own call.
     ap.add_argument("--gptfast-batches", default="", help="e.g. 1,64 (minutes of compiling per batch)")
-    ap.add_argument("--skip", default="", help="comma list of: int8,fp8,gptj,prefill")
+    ap.add_argument("--skip", default="", help="comma list of: llama (its decode table and prefill),int8,fp8,gptj,prefill")
     ap.add_argument("--gptj-batches", type=batch_list, default=[1],
                     help="GPT-J-6B (KoGPT shape) batches, e.g. 1,16,64; with --peers HF eager runs the same ones")
     ap.add_argument("--gemm-config", help="use `shardline tune-gemm` choices (and report the gain)")
@@ -314,11 +338,6 @@ def main() -> None:
         print(json.dumps(res), flush=True)
 
     res["kv_2k_sequences_at_0.9_memory"] = kv_capacity_2k("llama3-8b")  # before this process holds anything
-    pipeline = build("llama3-8b", max_num_seqs=max(batches))
-    params, weight_bytes = num_params(pipeline)
-    res["llama_params_streamed"] = params
-    res["shardline"] = []
-    from shardline.kernels import triton_attention
     variants: list[dict] = [{}]  # what each A/B run changes; graphs are captured again for each
     if args.attention_configs:
         variants = [{"attention": c} for c in args.attention_configs]
@@ -328,25 +347,17 @@ def main() -> None:
     if None in tables.values():
         ap.error(f"--gemm-configs: {[p for p, t in tables.items() if t is None]} tuned on another GPU than "
                  f"{torch.cuda.get_device_name()}: an A/B needs tables of this one (run `shardline tune-gemm`)")
-    for b in batches:
-        for variant in variants * (args.ab_rounds if len(variants) > 1 else 1):
-            if len(variants) > 1:
-                triton_attention.DECODE_OVERRIDE = dict(variant.get("attention", {}))
-                if "gemm_config" in variant:
-                    pipeline.engines[0].model.configure_gemms(tables[variant["gemm_config"]])
-                pipeline.engines[0].graphs.reset()
-            ms = decode_ms_per_step(pipeline, b)
-            gpu_ms = graph_replay_ms(pipeline, b)
-            res["shardline"].append({"batch": b, "decode_ms_per_step": round(ms, 3), "tok_s": round(b * 1e3 / ms, 1),
-                                     "weight_GBps": round(weight_bytes / ms / 1e6, 1),
-                                     "graph_replay_ms": round(gpu_ms, 3) if gpu_ms else None, **variant})
-            print(json.dumps(res["shardline"][-1]), flush=True)
-    triton_attention.DECODE_OVERRIDE = {}
-    if "prefill" not in skip:
-        ms, tf = prefill_tflops(pipeline)
-        res["prefill_2048"] = {"ms": round(ms, 2), "linear_TFLOPs": round(tf, 1)}
-    del pipeline
-    torch.cuda.empty_cache()
+    weight_bytes = 0
+    if "llama" not in skip:
+        pipeline = build("llama3-8b", max_num_seqs=max(batches))
+        params, weight_bytes = num_params(pipeline)
+        res["llama_params_streamed"] = params
+        res["shardline"] = time_variants(pipeline, batches, variants, args.ab_rounds, tables, weight_bytes)
+        if "prefill" not in skip:
+            ms, tf = prefill_tflops(pipeline)
+            res["prefill_2048"] = {"ms": round(ms, 2), "linear_TFLOPs": round(tf, 1)}
+        del pipeline
+        torch.cuda.empty_cache()
     for q in ("int8", "fp8"):
         if q in skip:
             continue
@@ -356,7 +367,9 @@ def main() -> None:
         torch.cuda.empty_cache()
     if "gptj" not in skip:
         pipeline = build("gptj-6b", max_num_seqs=max(16, *args.gptj_batches), max_model_len=2048)
-        res["gptj_ms"] = {b: round(decode_ms_per_step(pipeline, b), 3) for b in args.gptj_batches}
+        res["gptj"] = time_variants(pipeline, args.gptj_batches, variants, args.ab_rounds, tables,
+                                    num_params(pipeline)[1])
+        res["gptj_ms"] = {r["batch"]: r["decode_ms_per_step"] for r in res["gptj"]}  # an A/B's last round
         if 1 in res["gptj_ms"]:
             res["gptj_b1_ms"] = res["gptj_ms"][1]
         del pipeline
@@ -377,7 +390,7 @@ def print_table(res: dict, weight_bytes: int) -> None:
               f"roofline batch-1 {weight_bytes / bw / 1e6:.2f} ms/step (weights only)")
     print(f"{'batch':>5} {'shardline ms':>12} {'(GPU ms)':>8} {'tok/s':>9} {'HF ms':>8} {'xHF':>6} "
           f"{'gpt-fast ms':>11} {'xGF':>5}")
-    for r in res["shardline"]:
+    for r in res.get("shardline", []):
         b, ms = r["batch"], r["decode_ms_per_step"]
         h, g = hf.get(b), gf.get(b)
         print(f"{b:>5} {ms:>12.3f} {r.get('graph_replay_ms') or float('nan'):>8.3f} {r['tok_s']:>9.1f} {h or float('nan'):>8.2f} {(h / ms) if h else float('nan'):>6.2f} "
@@ -388,10 +401,12 @@ def print_table(res: dict, weight_bytes: int) -> None:
         if f"{q}_b1_ms" in res:
             print(f"{q} weight-only batch 1: {res[f'{q}_b1_ms']} ms/step")
     hf_gptj = {r["batch"]: r["decode_ms_per_step"] for r in res.get("hf_gptj", [])}
-    for b, ms in res.get("gptj_ms", {}).items():
+    for r in res.get("gptj", []):
+        b, ms = r["batch"], r["decode_ms_per_step"]
         hj = hf_gptj.get(int(b))
         ratio = f"  HF eager {hj} ms -> {hj / ms:.1f}x" if hj else ""
-        print(f"GPT-J-6B batch {b}: {ms} ms/step, {int(b) * 1e3 / ms:.0f} tok/s{ratio}")
+        variant = f"  {r['attention']}" if "attention" in r else f"  {r['gemm_config']}" if "gemm_config" in r else ""
+        print(f"GPT-J-6B batch {b}: {ms} ms/step, {int(b) * 1e3 / ms:.0f} tok/s{ratio}{variant}")
     if "prefill_2048" in res:
         p = res["prefill_2048"]
         gemm = res.get("ceilings", {}).get("bf16_gemm_TFLOPs")

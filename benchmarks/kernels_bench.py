@@ -260,10 +260,7 @@ def decode_step_inputs(B: int, ctx: int, head_major: bool = False) -> tuple:
 
 # The fused step's decode configs that --sweep times beside the default.
 ATTENTION_STEP_SWEEP = (dict(BLOCK_N=64, num_warps=4, num_stages=2), dict(BLOCK_N=32, num_warps=4, num_stages=2),
-                        dict(BLOCK_N=32, num_warps=4, num_stages=2, CORES=True),
-                        dict(BLOCK_N=16, num_warps=4, num_stages=2, CORES=True),
-                        dict(BLOCK_N=32, num_warps=8, num_stages=2, CORES=True),
-                        dict(BLOCK_N=64, num_warps=8, num_stages=2, CORES=True))
+                        dict(BLOCK_N=32, num_warps=4, num_stages=1), dict(BLOCK_N=32, num_warps=2, num_stages=2))
 DECODE_SHAPES = ((1, 192), (1, 2048), (16, 1024), (64, 192), (64, 512), (256, 192))
 
 
@@ -320,10 +317,6 @@ def bench_decode_attention(sweep: bool, shapes=DECODE_SHAPES) -> None:
             for splits in (1, 2, 4, 8, 32):
                 bench("decode attention", shape, f"triton splits={splits}",
                       make(paged_attention_triton, num_splits=splits), nbytes)
-            for block_n, warps, stages in itertools.product((16, 32, 64), (2, 4, 8), (1, 2, 3)):  # no tl.dot
-                cfg = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages, CORES=True)
-                bench("decode attention", shape, f"triton BLOCK_N={block_n} warps={warps} stages={stages} CORES",
-                      make(paged_attention_triton, decode_config=cfg), nbytes)
             for cfg in ATTENTION_STEP_SWEEP:
                 bench("decode step attention", shape, "rotary fused, " + " ".join(f"{k}={v}" for k, v in cfg.items()),
                       make_fused(cfg), nbytes)

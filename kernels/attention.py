@@ -96,14 +96,16 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
                             max_seq_len: int | None = None) -> torch.Tensor:
     """A decode step's attention from its unrotated q, k, v [T, heads, hd] (one query row per
     sequence): rotary, the cache write and attention. On the GPU, up to FUSED_ROTARY_MAX_ROWS rows,
-    that is one kernel (the rotary kernel's launch is gone from every layer); otherwise it is the
+    that is one kernel (the rotary kernel's launch is gone from every layer) unless the decode
+    config for these rows and heads says FUSE_ROTARY False (wide heads); otherwise it is the
     rotary kernel (or reference) and then attention. Slots < 0 are skipped on the GPU (padding
     rows of a captured batch)."""
     if use_triton(q) and q.shape[0] <= FUSED_ROTARY_MAX_ROWS:
-        from .triton_attention import paged_attention_triton
-        return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                                      max_query_len=1, max_seq_len=max_seq_len,
-                                      rotary=(k, v, positions, cos_sin, rotary_dim, slot_mapping))
+        from .triton_attention import decode_config_for, paged_attention_triton
+        if decode_config_for(q.shape[0], q.shape[-1]).get("FUSE_ROTARY", True):
+            return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                                          max_query_len=1, max_seq_len=max_seq_len,
+                                          rotary=(k, v, positions, cos_sin, rotary_dim, slot_mapping))
     from .rotary import apply_rotary_and_write_kv
     q = apply_rotary_and_write_kv(q, k, v, positions, cos_sin, rotary_dim, k_cache, v_cache, slot_mapping)
     return paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len=1,

@@ -104,29 +104,18 @@ def _load_kv_tiles(k_cache_ptr, v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, k
 
 @triton.jit
 def _online_softmax_step(q, k, v, visible, acc, l_i, m_i, scale_log2, DOT_PRECISION: tl.constexpr,
-                         MASKED: tl.constexpr = True, CORES: tl.constexpr = False):
+                         MASKED: tl.constexpr = True):
     """Fold one K/V tile into the running (acc, l, m) of the rows of q; `visible` masks the scores
     (unless not MASKED: every key visible). A row must see at least one key of its first tile (the
-    callers' key 0) to keep m finite.
-
-    CORES: both products on the CUDA cores (broadcast, multiply, sum in fp32) instead of tl.dot,
-    for a decode group of one or two heads, which tl.dot would pad to 16 rows. Rounding as the
-    tensor-core path's: q and k in q's dtype, p rounded to it before it weights v."""
-    if CORES:
-        s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(q.dtype).to(tl.float32)[None, :, :], axis=2) * scale_log2
-    else:
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2  # (M, N)
+    callers' key 0) to keep m finite."""
+    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2  # (M, N)
     if MASKED:
         s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if CORES:
-        pv = tl.sum(p.to(q.dtype).to(tl.float32)[:, :, None] * v.to(q.dtype).to(tl.float32)[None, :, :], axis=1)
-    else:
-        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
-    acc = acc * alpha[:, None] + pv
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
     return acc, l_i, m_new
 
 
@@ -141,7 +130,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
-                   EARLY_KV: tl.constexpr, OPAQUE_BT: tl.constexpr, CORES: tl.constexpr, USE_PDL: tl.constexpr):
+                   EARLY_KV: tl.constexpr, OPAQUE_BT: tl.constexpr, USE_PDL: tl.constexpr):
     """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
     sequence). The kernel rotates q and the row's new key, writes the new key and value to the
     row's cache slot (skipped when the slot is < 0) and attends over the new token from registers:
@@ -202,15 +191,14 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     if EARLY_KV:
         if lo < hi_cached:  # an empty tile would leave m at -inf and the rescale at NaN
             acc, l_i, m_i = _online_softmax_step(q, k0, v0, mask0[None, :], acc, l_i, m_i, scale_log2,
-                                                 DOT_PRECISION, CORES=CORES)
+                                                 DOT_PRECISION)
         first = lo + BLOCK_N
     for n0 in range(first, hi_cached, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi_cached
         k, v = _load_kv_tiles(k_cache_ptr, v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh, stride_k_blk,
                               stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE, OPAQUE_BT)
-        acc, l_i, m_i = _online_softmax_step(q, k, v, mask_n[None, :], acc, l_i, m_i, scale_log2, DOT_PRECISION,
-                                             CORES=CORES)
+        acc, l_i, m_i = _online_softmax_step(q, k, v, mask_n[None, :], acc, l_i, m_i, scale_log2, DOT_PRECISION)
     if ROTARY:
         if (kv_len > 0) & (kv_len - 1 >= lo) & (kv_len - 1 < hi):  # this split holds the new token
             cdt = k_cache_ptr.dtype.element_ty
@@ -354,14 +342,26 @@ DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=2)
 # benchmarks/results/ab-attention-*-2026-11-30h.txt.
 SMALL_BATCH_ROWS = 16
 SMALL_BATCH_DECODE_CONFIG = dict(BLOCK_N=32, num_warps=4, num_stages=1)
+# Heads wider than 128 (GPT-J's 256) above one row: the tile's bytes of the default at half the
+# tokens, pipelined at every row count, and rotary in its own kernel ahead (FUSE_ROTARY False:
+# rotary_decode_attention reads it). H200, GPT-J-6B, context 192, alone
+# (`kernels_bench.py --only decode --sweep --heads gptj-6b`, 2026-11-30 n): 64 rows 73.2 us fused
+# at the default tile, 70.6 fused at this one, 56.5 + the rotary kernel's ~4.7 unfused; 16 rows
+# 31.2 fused at the small-batch tile, 26.9 fused at this one, 22.2 + ~3 unfused.
+WIDE_HEAD_DIM = 128
+WIDE_HEAD_DECODE_CONFIG = dict(BLOCK_N=32, num_warps=4, num_stages=2, FUSE_ROTARY=False)
 # Keys a benchmark changes on top of decode_config_for's choice, at every row count (an A/B switch:
 # decode_bench --attention-configs, step_tune --attention).
 DECODE_OVERRIDE: dict = {}
 
 
-def decode_config_for(rows: int) -> dict:
-    """The decode kernel's BLOCK_N, num_warps and num_stages for a step of `rows` query rows."""
-    base = SMALL_BATCH_DECODE_CONFIG if 1 < rows <= SMALL_BATCH_ROWS else DECODE_CONFIG
+def decode_config_for(rows: int, head_dim: int = 128) -> dict:
+    """The decode kernel's BLOCK_N, num_warps and num_stages for a step of `rows` query rows of
+    heads `head_dim` wide (and FUSE_ROTARY where rotary should not fuse into it)."""
+    if rows > 1 and head_dim > WIDE_HEAD_DIM:
+        base = WIDE_HEAD_DECODE_CONFIG
+    else:
+        base = SMALL_BATCH_DECODE_CONFIG if 1 < rows <= SMALL_BATCH_ROWS else DECODE_CONFIG
     return dict(base, **DECODE_OVERRIDE)
 
 
@@ -406,7 +406,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
     assert rotary is None or max_query_len == 1, "rotary fused into attention needs one query row per sequence"
     if is_decode:
         max_ctx = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
-        cfg = dict(decode_config or decode_config_for(T))
+        cfg = dict(decode_config or decode_config_for(T, hd))
+        cfg.pop("FUSE_ROTARY", None)  # rotary_decode_attention's choice, made before this call
         splits = num_splits or cfg.pop("splits", None) or _num_splits(T * nkv, max_ctx, sm_count(q))
         if not 1 <= splits <= 64 or splits & (splits - 1):
             raise ValueError(f"decode attention splits={splits}: a power of two from 1 to 64")
@@ -414,7 +415,6 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         # Early K/V reads are safe only where an earlier step wrote every cached key: a fused decode step.
         early_kv = cfg.pop("EARLY_KV", False) and one_row and rotary is not None
         opaque_bt = cfg.pop("OPAQUE_BT", False) and not _dispatch.TRITON_INTERPRET  # the interpreter runs no PTX
-        cores = cfg.pop("CORES", False)
         hd_p2 = common["HEAD_DIM_P2"]
         if splits > 1:
             part_out = torch.empty((T, nh, splits, hd_p2), dtype=torch.float32, device=q.device)
@@ -432,9 +432,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
             rot = dict(ROTARY=False, HALF=1, ROT=2)
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
-            scale_log2, B, nh, *strides, *new_kv, GROUP=group,
-            GROUP_P2=next_pow2(group) if cores else max(next_pow2(group), 16), NUM_SPLITS=splits, **rot,
-            ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, CORES=cores, **cfg, **common, **pdl_args(q))
+            scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
+            NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, **cfg, **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,

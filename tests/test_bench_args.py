@@ -144,7 +144,7 @@ def test_profile_decode_names_a_bad_attention_config_before_the_gpu():
     decode_bench.parse_attention_config, serves step_tune's option too)."""
     import subprocess
     import sys
-    for text in ("{bad", '{"stages": 1}', '{"OPAQUE_BT": 1}'):
+    for text in ("{bad", '{"stages": 1}', '{"OPAQUE_BT": 1}', '{"FUSE_ROTARY": "no"}'):
         out = subprocess.run([sys.executable, "-m", "benchmarks.profile_decode", "--attention-config", text],
                              capture_output=True, text=True, timeout=120, check=False)
         assert out.returncode == 2 and "--attention-config takes a JSON object" in out.stderr, (text, out.stderr[-500:])

@@ -126,33 +126,17 @@ def test_decode_configs(device, block_n, warps, stages):
     assert_close(out, paged_attention_ref(q, **kw), f"decode with {cfg}")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", HEADS)
-@pytest.mark.parametrize("block_n", [16, 64])
-def test_decode_on_cuda_cores(device, num_heads, num_kv_heads, head_dim, block_n):
-    """CORES: both products as broadcast multiply-sums, the group unpadded (one head for MHA),
-    against the reference, in bf16 and fp32, with and without context splits."""
-    from shardline.kernels.triton_attention import paged_attention_triton
-    if not _dispatch.use_triton(torch.empty(0, device=device)):
-        pytest.skip("the Triton kernel itself is under test")
-    ctx = [0, 14, 15, 16, 99, 300] if device == "cuda" else [0, 15, 40]
-    for dtype in (torch.float32, torch.bfloat16):
-        q, kw = make_paged_batch([(c, 1) for c in ctx], num_heads, num_kv_heads, head_dim, dtype=dtype,
-                                 device=device)
-        for splits in (1, 4):
-            cfg = dict(BLOCK_N=block_n, num_warps=4, num_stages=2, CORES=True, splits=splits)
-            out = paged_attention_triton(q, **kw, max_query_len=1, decode_config=cfg)
-            assert_close(out, paged_attention_ref(q, **kw), f"decode on the CUDA cores, {dtype}, {cfg}")
-
-
 def test_decode_tile_by_rows_and_the_benchmarks_override():
     """2-16 rows take the small-batch tile, 1 and 17+ the default; a benchmark's override changes
     only the keys it names, at every row count, and {} restores the choice."""
     pytest.importorskip("triton", reason="the tile table lives in the Triton kernel's module")
     from shardline.kernels import triton_attention as ta
-    small, default = ta.SMALL_BATCH_DECODE_CONFIG, ta.DECODE_CONFIG
+    small, default, wide = ta.SMALL_BATCH_DECODE_CONFIG, ta.DECODE_CONFIG, ta.WIDE_HEAD_DECODE_CONFIG
     assert small != default
     assert [ta.decode_config_for(r) for r in (1, 2, 16, 17, 64)] == [default, small, small, default, default]
+    assert [ta.decode_config_for(r, 256) for r in (1, 2, 64)] == [default, wide, wide], \
+        "heads wider than 128 take their own tile above one row"
+    assert not wide["FUSE_ROTARY"] and "FUSE_ROTARY" not in default
     try:
         ta.DECODE_OVERRIDE = {"num_stages": 3}
         assert ta.decode_config_for(16) == dict(small, num_stages=3)
@@ -274,8 +258,8 @@ def _decode_step_with_new_tokens(ctx, nh, nkv, hd, dtype, device, padding_rows=0
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("nh,nkv,hd,rd", [(6, 2, 64, 64), (32, 8, 128, 128), (4, 4, 96, 48)])
 @pytest.mark.parametrize("num_splits", [1, 2, 8])
-@pytest.mark.parametrize("form", [{}, {"EARLY_KV": True}, {"OPAQUE_BT": True, "num_stages": 4}, {"CORES": True}],
-                         ids=["", "early_kv", "opaque_bt", "cores"])
+@pytest.mark.parametrize("form", [{}, {"EARLY_KV": True}, {"OPAQUE_BT": True, "num_stages": 4}],
+                         ids=["", "early_kv", "opaque_bt"])
 def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_splits, form):
     """One kernel (rotary, cache write, attention over the new token from registers) against the
     references run in turn, with context splits that do and do not hold the new token alone, with
@@ -312,22 +296,24 @@ def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_spli
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [3, 70])
-def test_rotary_decode_attention_public_name(device, rows):
-    """The engine's entry point: on the GPU the fused kernel up to FUSED_ROTARY_MAX_ROWS rows and
-    the rotary kernel + attention above; the references in turn elsewhere."""
+@pytest.mark.parametrize("rows,hd,rd", [(3, 64, 64), (70, 64, 64), (1, 256, 64), (3, 256, 64)])
+def test_rotary_decode_attention_public_name(device, rows, hd, rd):
+    """The engine's entry point: on the GPU the fused kernel up to FUSED_ROTARY_MAX_ROWS rows, and
+    the rotary kernel + attention above them or where the decode config says FUSE_ROTARY False
+    (heads wider than 128, above one row: GPT-J's); the references in turn elsewhere."""
     from shardline.kernels.attention import FUSED_ROTARY_MAX_ROWS, rotary_decode_attention
     from shardline.kernels.rotary import apply_rotary_and_write_kv_ref, rotary_cos_sin
     assert 3 <= FUSED_ROTARY_MAX_ROWS < 70, "the two cases should take the two paths"
     if device != "cuda" and rows > 8:
         pytest.skip("too slow interpreted")
     ctx = [(7 * i) % 61 + 1 for i in range(rows)]
-    q, k, v, positions, slots, kw = _decode_step_with_new_tokens(ctx, 8, 2, 64, torch.float32, device)
-    cos_sin = rotary_cos_sin(256, 64, 10000.0, None, device=device)
+    q, k, v, positions, slots, kw = _decode_step_with_new_tokens(ctx, 8, 2 if hd == 64 else 8, hd, torch.float32,
+                                                                 device)
+    cos_sin = rotary_cos_sin(256, rd, 10000.0, None, device=device)
     want_k, want_v = kw["k_cache"].clone(), kw["v_cache"].clone()
-    rq = apply_rotary_and_write_kv_ref(q, k, v, positions, cos_sin, 64, want_k, want_v, slots)
+    rq = apply_rotary_and_write_kv_ref(q, k, v, positions, cos_sin, rd, want_k, want_v, slots)
     want = paged_attention_ref(rq, **dict(kw, k_cache=want_k, v_cache=want_v))
-    out = rotary_decode_attention(q, k, v, positions, cos_sin, 64, kw["k_cache"], kw["v_cache"], slots,
+    out = rotary_decode_attention(q, k, v, positions, cos_sin, rd, kw["k_cache"], kw["v_cache"], slots,
                                   kw["block_tables"], kw["seq_lens"], kw["query_start_loc"], kw["scale"])
     assert_close(out, want, "rotary decode attention")
     assert_close(kw["k_cache"], want_k, "the cache after the step")
