@@ -29,9 +29,16 @@ GPU = EngineConfig(device="cuda", num_blocks=256)  # several pipelines share the
 PROMPTS = [[1, 17, 42, 99, 7, 250, 3], [1] + list(range(5, 70)), [2, 9], [1, 100, 200] * 7]
 
 
-@pytest.fixture(scope="module", params=["llama", "gptj", "gpt2"])
+# gptj-wide: GPT-J's 256-wide heads (two of them), which take their own decode attention tile
+# and run rotary in its own kernel ahead of attention above one row (triton_attention.decode_config_for).
+MODELS = {"llama": ("llama", {}), "gptj": ("gptj", {}), "gpt2": ("gpt2", {}),
+          "gptj-wide": ("gptj", dict(n_embd=512, n_head=2, n_layer=2, rotary_dim=64))}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
 def models(request, tmp_path_factory, tiny_hf):
-    hf = tiny_hf(request.param)
+    family, overrides = MODELS[request.param]
+    hf = tiny_hf(family, **overrides)
     root = tmp_path_factory.mktemp(f"gpu-{request.param}")
     convert(hf, root / "fp32", tp=1, pp=2, dtype="fp32")
     convert(hf, root / "bf16", tp=1, pp=2, dtype="bf16")
