@@ -27,9 +27,17 @@ from shardline.kernels.triton_attention import _decode_kernel
 SM_REGISTERS, SM_SHARED, SM_PROGRAMS = 65536, 227 * 1024, 32  # Hopper, per multiprocessor
 
 
-def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False, opaque_bt: bool = False):
+# --heads: (query heads a kv head, head_dim, rotary dims) of the model whose decode kernel compiles.
+HEADS = {"llama3-8b": (4, 128, 128), "gptj-6b": (1, 256, 64)}
+
+
+def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False, opaque_bt: bool = False,
+                   heads: str = "llama3-8b", rotary: bool = True, maxnreg: int | None = None):
     """The decode kernel as the engine launches it at batch <= 64 (one query row a sequence, no
-    context splits), for sm_90; `early_kv`, `opaque_bt`: the config keys EARLY_KV and OPAQUE_BT."""
+    context splits), for sm_90; `early_kv`, `opaque_bt`: the config keys EARLY_KV and OPAQUE_BT;
+    `heads` a key of HEADS; `rotary` False: the kernel that rotary_decode_attention runs after the
+    rotary kernel (FUSE_ROTARY false); `maxnreg` caps registers a thread (the config key)."""
+    group, hd, rot = HEADS[heads]
     fn = _decode_kernel
     order = list(fn.arg_names)
     sig = {n: "*bf16" for n in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "k_new_ptr", "v_new_ptr")}
@@ -37,15 +45,17 @@ def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False
             "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64",
             "scale_log2": "fp32", "num_seqs": "i32", "num_heads": "i32"}
     sig |= {n: "i32" for n in order if n.startswith("stride")}
-    constexprs = dict(GROUP=4, GROUP_P2=16, HEAD_DIM=128, HEAD_DIM_P2=128, BLOCK_SIZE=16, BLOCK_N=block_n,
-                      NUM_SPLITS=1, SEQS_P2=64, DOT_PRECISION="tf32", ROTARY=True, HALF=64, ROT=128, ONE_ROW=True,
+    constexprs = dict(GROUP=group, GROUP_P2=16, HEAD_DIM=hd, HEAD_DIM_P2=hd, BLOCK_SIZE=16, BLOCK_N=block_n,
+                      NUM_SPLITS=1, SEQS_P2=64, DOT_PRECISION="tf32", ROTARY=rotary, HALF=rot // 2 if rotary else 1,
+                      ROT=rot if rotary else 2, ONE_ROW=True,
                       EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, USE_PDL=True)
     sig |= {k: "constexpr" for k in constexprs}
     aligned = [n for n in order if sig[n].startswith("*") or n.startswith("stride")]
     src = ASTSource(fn=fn, signature={n: sig[n] for n in order},
                     constexprs={(order.index(k),): v for k, v in constexprs.items()},
                     attrs={(order.index(n),): [["tt.divisibility", 16]] for n in aligned})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    options = {"num_warps": warps, "num_stages": stages} | ({"maxnreg": maxnreg} if maxnreg else {})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def resident(shared: int, regs: int, warps: int) -> int:
@@ -65,16 +75,22 @@ def main() -> None:
     ap.add_argument("--early-kv", action="store_true", help="the form that reads its first K/V tile before the PDL wait")
     ap.add_argument("--opaque-bt", action="store_true",
                     help="the form that reads block ids by inline PTX, so that the K/V tiles pipeline (OPAQUE_BT)")
+    ap.add_argument("--heads", choices=sorted(HEADS), default="llama3-8b", help="the model's head shape")
+    ap.add_argument("--no-rotary", action="store_true", help="the kernel without rotary fused (FUSE_ROTARY false)")
+    ap.add_argument("--maxnreg", type=int, help="cap registers a thread (the decode config's maxnreg)")
     args = ap.parse_args()
     if min(args.stages) < 1 or args.block_n < 16 or args.block_n & (args.block_n - 1) or args.warps not in (1, 2, 4, 8):
         ap.error(f"--stages {args.stages}, --block-n {args.block_n}, --warps {args.warps}: stages >= 1, BLOCK_N a "
                  "power of two >= 16 (the kernel's dot), warps one of 1, 2, 4, 8")
-    print(f"decode attention, Llama-3-8B shapes, BLOCK_N {args.block_n}, {args.warps} warps, sm_90"
+    print(f"decode attention, {args.heads} heads, BLOCK_N {args.block_n}, {args.warps} warps, sm_90"
+          + (", rotary in its own kernel" if args.no_rotary else ", rotary fused")
+          + (f", at most {args.maxnreg} registers" if args.maxnreg else "")
           + (", first K/V tile before the PDL wait" if args.early_kv else "")
           + (", block ids by inline PTX" if args.opaque_bt else ""))
     print(f"{'stages':>6} {'shared KB':>9} {'regs':>5} {'spill B':>7} {'programs/SM':>11} {'shared left KB':>14}")
     for stages in args.stages:
-        kernel = compile_decode(stages, args.block_n, args.warps, args.early_kv, args.opaque_bt)
+        kernel = compile_decode(stages, args.block_n, args.warps, args.early_kv, args.opaque_bt, args.heads,
+                                not args.no_rotary, args.maxnreg)
         regs, spills = _ptxas(kernel.asm["ptx"])
         shared = kernel.metadata.shared
         n = resident(shared, regs, args.warps)
