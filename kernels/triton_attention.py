@@ -342,13 +342,16 @@ DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=2)
 # benchmarks/results/ab-attention-*-2026-11-30h.txt.
 SMALL_BATCH_ROWS = 16
 SMALL_BATCH_DECODE_CONFIG = dict(BLOCK_N=32, num_warps=4, num_stages=1)
-# Heads wider than 128 (GPT-J's 256) above one row: the tile's bytes of the default at half the
-# tokens, pipelined at every row count, and rotary in its own kernel ahead (FUSE_ROTARY False:
-# rotary_decode_attention reads it). H200, GPT-J-6B, context 192, alone
-# (`kernels_bench.py --only decode --sweep --heads gptj-6b`, 2026-11-30 n): 64 rows 73.2 us fused
-# at the default tile, 70.6 fused at this one, 56.5 + the rotary kernel's ~4.7 unfused; 16 rows
-# 31.2 fused at the small-batch tile, 26.9 fused at this one, 22.2 + ~3 unfused.
-WIDE_HEAD_DIM = 128
+# Heads wider than WIDE_HEAD_ABOVE (GPT-J's 256) above one row: the default tile's bytes at half
+# its tokens, pipelined at every row count, and rotary in its own kernel ahead (FUSE_ROTARY False:
+# rotary_decode_attention reads it), because fused the kernel holds 154 registers a thread and
+# keeps three programs a multiprocessor, unfused 123 and four (benchmarks/attention_resources.py).
+# H200, GPT-J-6B, context 192, alone (`kernels_bench.py --only decode --sweep --heads gptj-6b`,
+# 2026-11-30 n): 64 rows 73.2 us fused at the default tile, 70.6 fused at this one, 56.5 + the
+# rotary kernel's ~4.7 unfused. In the step, alternated: batch 64 5.47 -> 4.96 ms, batch 16 4.20 ->
+# 3.98; fused at this tile 5.36 and 4.04, fused with maxnreg 128 (four a multiprocessor) 5.24 and
+# 4.00 (docs/benchmarks.md, GPT-J's attention).
+WIDE_HEAD_ABOVE = 128
 WIDE_HEAD_DECODE_CONFIG = dict(BLOCK_N=32, num_warps=4, num_stages=2, FUSE_ROTARY=False)
 # Keys a benchmark changes on top of decode_config_for's choice, at every row count (an A/B switch:
 # decode_bench --attention-configs, step_tune --attention).
@@ -358,7 +361,7 @@ DECODE_OVERRIDE: dict = {}
 def decode_config_for(rows: int, head_dim: int = 128) -> dict:
     """The decode kernel's BLOCK_N, num_warps and num_stages for a step of `rows` query rows of
     heads `head_dim` wide (and FUSE_ROTARY where rotary should not fuse into it)."""
-    if rows > 1 and head_dim > WIDE_HEAD_DIM:
+    if rows > 1 and head_dim > WIDE_HEAD_ABOVE:
         base = WIDE_HEAD_DECODE_CONFIG
     else:
         base = SMALL_BATCH_DECODE_CONFIG if 1 < rows <= SMALL_BATCH_ROWS else DECODE_CONFIG
