@@ -22,22 +22,25 @@ from triton.compiler import ASTSource
 
 from benchmarks.arguments import depths
 from benchmarks.gemv_registers import _ptxas
+from shardline.kernels._dispatch import next_pow2
 from shardline.kernels.triton_attention import _decode_kernel
+from shardline.model.random_weights import SHAPES
 
 SM_REGISTERS, SM_SHARED, SM_PROGRAMS = 65536, 227 * 1024, 32  # Hopper, per multiprocessor
 
 
-# --heads: (query heads a kv head, head_dim, rotary dims) of the model whose decode kernel compiles.
-HEADS = {"llama3-8b": (4, 128, 128), "gptj-6b": (1, 256, 64)}
+# --heads: the model shapes whose decode kernel can compile here (rotary ones).
+HEADS = sorted(n for n, c in SHAPES.items() if c["position"] == "rotary")
 
 
 def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False, opaque_bt: bool = False,
                    heads: str = "llama3-8b", rotary: bool = True, maxnreg: int | None = None):
     """The decode kernel as the engine launches it at batch <= 64 (one query row a sequence, no
     context splits), for sm_90; `early_kv`, `opaque_bt`: the config keys EARLY_KV and OPAQUE_BT;
-    `heads` a key of HEADS; `rotary` False: the kernel that rotary_decode_attention runs after the
-    rotary kernel (FUSE_ROTARY false); `maxnreg` caps registers a thread (the config key)."""
-    group, hd, rot = HEADS[heads]
+    `heads` a rotary shape of random_weights.SHAPES; `rotary` False: the kernel that
+    rotary_decode_attention runs after the rotary kernel (FUSE_ROTARY false); `maxnreg` caps registers a thread (the config key)."""
+    shape = SHAPES[heads]
+    group, hd, rot = shape["num_heads"] // shape["num_kv_heads"], shape["head_dim"], shape["rotary_dim"]
     fn = _decode_kernel
     order = list(fn.arg_names)
     sig = {n: "*bf16" for n in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "k_new_ptr", "v_new_ptr")}
@@ -45,7 +48,8 @@ def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False
             "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64",
             "scale_log2": "fp32", "num_seqs": "i32", "num_heads": "i32"}
     sig |= {n: "i32" for n in order if n.startswith("stride")}
-    constexprs = dict(GROUP=group, GROUP_P2=16, HEAD_DIM=hd, HEAD_DIM_P2=hd, BLOCK_SIZE=16, BLOCK_N=block_n,
+    constexprs = dict(GROUP=group, GROUP_P2=max(next_pow2(group), 16), HEAD_DIM=hd,
+                      HEAD_DIM_P2=max(next_pow2(hd), 16), BLOCK_SIZE=16, BLOCK_N=block_n,
                       NUM_SPLITS=1, SEQS_P2=64, DOT_PRECISION="tf32", ROTARY=rotary, HALF=rot // 2 if rotary else 1,
                       ROT=rot if rotary else 2, ONE_ROW=True,
                       EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, USE_PDL=True)
@@ -75,10 +79,12 @@ def main() -> None:
     ap.add_argument("--early-kv", action="store_true", help="the form that reads its first K/V tile before the PDL wait")
     ap.add_argument("--opaque-bt", action="store_true",
                     help="the form that reads block ids by inline PTX, so that the K/V tiles pipeline (OPAQUE_BT)")
-    ap.add_argument("--heads", choices=sorted(HEADS), default="llama3-8b", help="the model's head shape")
+    ap.add_argument("--heads", choices=HEADS, default="llama3-8b", help="the model's head shape")
     ap.add_argument("--no-rotary", action="store_true", help="the kernel without rotary fused (FUSE_ROTARY false)")
     ap.add_argument("--maxnreg", type=int, help="cap registers a thread (the decode config's maxnreg)")
     args = ap.parse_args()
+    if args.maxnreg is not None and not 24 <= args.maxnreg <= 255:
+        ap.error(f"--maxnreg {args.maxnreg}: registers a thread, from 24 to 255")
     if min(args.stages) < 1 or args.block_n < 16 or args.block_n & (args.block_n - 1) or args.warps not in (1, 2, 4, 8):
         ap.error(f"--stages {args.stages}, --block-n {args.block_n}, --warps {args.warps}: stages >= 1, BLOCK_N a "
                  "power of two >= 16 (the kernel's dot), warps one of 1, 2, 4, 8")

@@ -45,6 +45,11 @@ ATTENTION_TILE_KEYS = {"BLOCK_N", "num_warps", "num_stages", "maxnreg", "splits"
                        "FUSE_ROTARY"}
 
 
+# What --skip may leave out: the Llama table (and its prefill), the quantized rows, GPT-J, prefill.
+SKIPPABLE_ORDER = ("llama", "int8", "fp8", "gptj", "prefill")
+SKIPPABLE = set(SKIPPABLE_ORDER)
+
+
 def attention_config_problem(c) -> str | None:
     """What is wrong with one decode attention override (a JSON object of ATTENTION_TILE_KEYS), or
     None: checked here, before the GPU, rather than as a Triton compile error mid-run."""
@@ -271,7 +276,8 @@ def main() -> None:
     # gpt-fast compiles per batch size for minutes: at batches 1 and 64 it ran past 420 s on a fresh
     # H200 machine (2026-11-29), so it is opt-in and best run as its own call.
     ap.add_argument("--gptfast-batches", default="", help="e.g. 1,64 (minutes of compiling per batch)")
-    ap.add_argument("--skip", default="", help="comma list of: llama (its decode table and prefill),int8,fp8,gptj,prefill")
+    ap.add_argument("--skip", default="", help="comma list of: llama (its decode table and prefill), int8, fp8, gptj, "
+                    "prefill")
     ap.add_argument("--gptj-batches", type=batch_list, default=[1],
                     help="GPT-J-6B (KoGPT shape) batches, e.g. 1,16,64; with --peers HF eager runs the same ones")
     ap.add_argument("--gemm-config", help="use `shardline tune-gemm` choices (and report the gain)")
@@ -294,6 +300,9 @@ def main() -> None:
     ap.add_argument("--env-rounds", type=int, default=2)
     ap.add_argument("--out")
     args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    if skip - SKIPPABLE:
+        ap.error(f"--skip {args.skip}: unknown {sorted(skip - SKIPPABLE)}; a comma list of {','.join(SKIPPABLE_ORDER)}")
     if args.env_variants:
         if args.gemm_configs or args.attention_configs or args.peers or args.out:
             ap.error("--env-variants runs the whole benchmark once per environment: pass no --gemm-configs, "
@@ -317,7 +326,6 @@ def main() -> None:
     global GEMM_CONFIG, OVERLAP, BLOCK_SIZE
     GEMM_CONFIG, OVERLAP, BLOCK_SIZE = args.gemm_config or (args.gemm_configs or [None])[0], args.overlap, args.block_size
     batches = args.batches
-    skip = set(filter(None, args.skip.split(",")))
     res: dict = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
                  "command": " ".join(sys.argv), "torch": torch.__version__,
                  "overlap": EngineConfig().overlap_decode if OVERLAP is None else OVERLAP,
@@ -386,8 +394,8 @@ def print_table(res: dict, weight_bytes: int) -> None:
     gf = {r["batch"]: r["decode_ms_per_step"] for r in res.get("gptfast", [])}
     print(f"\n{res['gpu']}  {res['date']}  torch {res['torch']}\n$ {res['command']}")
     if bw:
-        print(f"ceilings: copy {bw} GB/s, bf16 GEMM {res['ceilings'].get('bf16_gemm_TFLOPs')} TFLOP/s; "
-              f"roofline batch-1 {weight_bytes / bw / 1e6:.2f} ms/step (weights only)")
+        roofline = f"; roofline batch-1 {weight_bytes / bw / 1e6:.2f} ms/step (weights only)" if weight_bytes else ""
+        print(f"ceilings: copy {bw} GB/s, bf16 GEMM {res['ceilings'].get('bf16_gemm_TFLOPs')} TFLOP/s{roofline}")
     print(f"{'batch':>5} {'shardline ms':>12} {'(GPU ms)':>8} {'tok/s':>9} {'HF ms':>8} {'xHF':>6} "
           f"{'gpt-fast ms':>11} {'xGF':>5}")
     for r in res.get("shardline", []):

@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from shardline.kernels import activation, attention, norm, quant, rotary
 from shardline.kernels.attention import paged_attention_ref
 from shardline.kernels.rotary import rotary_cos_sin
+from shardline.model.random_weights import SHAPES
 
 H, NH, NKV, HD, INTER, BLOCK = 4096, 32, 8, 128, 14336, 16  # Llama-3-8B, KV block of 16 tokens
-# --heads: the attention sections' (query heads, KV heads, head_dim) for another model's layer.
-HEADS = {"llama3-8b": (32, 8, 128), "gptj-6b": (16, 16, 256)}
+ROT = HD  # rotary dims of a head; --heads sets NH, NKV, HD and ROT from another model's shape
 BF16 = torch.bfloat16
 L2_ROTATION_BYTES = 256 << 20
 ROWS: list[str] = []
@@ -254,7 +254,7 @@ def decode_step_inputs(B: int, ctx: int, head_major: bool = False) -> tuple:
                qkv[:, (NH + NKV) * HD:].view(B, NKV, HD))
     pos = (seq_lens - 1).long()
     slots = tables[torch.arange(B, device="cuda"), pos // BLOCK].long() * BLOCK + pos % BLOCK
-    cos_sin = rotary_cos_sin(4096, HD, 500000.0, None, device="cuda")
+    cos_sin = rotary_cos_sin(4096, ROT, 500000.0, None, device="cuda")
     return q, k, v, pos, cos_sin, kc, vc, slots, tables, seq_lens, qsl, scale
 
 
@@ -285,11 +285,11 @@ def bench_decode_attention(sweep: bool, shapes=DECODE_SHAPES) -> None:
             def build():
                 q, k, v, pos, cs, kc, vc, slots, tables, seq_lens, qsl, scale = decode_step_inputs(B, ctx, head_major)
                 if fused:
-                    return lambda: attention.rotary_decode_attention(q, k, v, pos, cs, HD, kc, vc, slots, tables,
+                    return lambda: attention.rotary_decode_attention(q, k, v, pos, cs, ROT, kc, vc, slots, tables,
                                                                      seq_lens, qsl, scale, max_seq_len=ctx)
 
                 def two_kernels():
-                    rq = rotary.apply_rotary_and_write_kv(q, k, v, pos, cs, HD, kc, vc, slots)
+                    rq = rotary.apply_rotary_and_write_kv(q, k, v, pos, cs, ROT, kc, vc, slots)
                     return attention.paged_attention(rq, kc, vc, tables, seq_lens, qsl, scale, max_query_len=1,
                                                      max_seq_len=ctx)
                 return two_kernels
@@ -300,7 +300,7 @@ def bench_decode_attention(sweep: bool, shapes=DECODE_SHAPES) -> None:
                 q, k, v, pos, cs, kc, vc, slots, tables, seq_lens, qsl, scale = decode_step_inputs(B, ctx)
                 return lambda: paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, scale, max_query_len=1,
                                                       max_seq_len=ctx, decode_config=cfg,
-                                                      rotary=(k, v, pos, cs, HD, slots))
+                                                      rotary=(k, v, pos, cs, ROT, slots))
             return build
         bench("decode step attention", shape, "rotary kernel + triton", make_step(False), nbytes)
         bench("decode step attention", shape, "rotary fused in triton", make_step(True), nbytes)
@@ -463,16 +463,19 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also time alternative launch configs")
     parser.add_argument("--decode-shapes", type=decode_shapes,
                         help="decode attention's (batch x context) shapes, e.g. 64x192,64x256")
-    parser.add_argument("--heads", choices=sorted(HEADS), default="llama3-8b",
-                        help="the attention sections' heads: query heads, KV heads and head_dim of this model")
+    parser.add_argument("--heads", choices=sorted(n for n, c in SHAPES.items() if c["position"] == "rotary"),
+                        default="llama3-8b",
+                        help="the attention sections' heads: query heads, KV heads, head_dim and rotary dims of "
+                             "this model shape (shardline.model.random_weights.SHAPES)")
     args = parser.parse_args()
-    global NH, NKV, HD
-    NH, NKV, HD = HEADS[args.heads]
+    global NH, NKV, HD, ROT
+    shape = SHAPES[args.heads]
+    NH, NKV, HD, ROT = shape["num_heads"], shape["num_kv_heads"], shape["head_dim"], shape["rotary_dim"]
     import triton
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
     print(f"# command: {' '.join(sys.argv)}")
-    print(f"# attention heads ({args.heads}): {NH} query, {NKV} KV, head_dim {HD}")
+    print(f"# attention heads ({args.heads}): {NH} query, {NKV} KV, head_dim {HD}, rotary dims {ROT}")
     print(f"{'op':22s} {'shape':28s} {'impl':24s} {'us':>10s} {'GB/s':>8s} {'TFLOP/s':>7s}")
     torch.manual_seed(0)
     copy_ceiling()

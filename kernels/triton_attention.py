@@ -348,7 +348,7 @@ SMALL_BATCH_DECODE_CONFIG = dict(BLOCK_N=32, num_warps=4, num_stages=1)
 # keeps three programs a multiprocessor, unfused 123 and four (benchmarks/attention_resources.py).
 # H200, GPT-J-6B, context 192, alone (`kernels_bench.py --only decode --sweep --heads gptj-6b`,
 # 2026-11-30 n): 64 rows 73.2 us fused at the default tile, 70.6 fused at this one, 56.5 + the
-# rotary kernel's ~4.7 unfused. In the step, alternated: batch 64 5.47 -> 4.96 ms, batch 16 4.20 ->
+# rotary kernel's ~4.7 unfused. In the step, alternated: batch 64 5.48 -> 4.96 ms, batch 16 4.20 ->
 # 3.98; fused at this tile 5.36 and 4.04, fused with maxnreg 128 (four a multiprocessor) 5.24 and
 # 4.00 (docs/benchmarks.md, GPT-J's attention).
 WIDE_HEAD_ABOVE = 128

@@ -74,6 +74,15 @@ def test_env_variants_alternate_fresh_runs_and_summarise_each_batch(monkeypatch,
     assert "SHARDLINE_FOLD_NORMS=0" in out and "4.920 / 4.940  mean 4.930" in out
 
 
+def test_attention_resources_names_a_bad_register_cap_before_compiling():
+    pytest.importorskip("triton", reason="benchmarks/attention_resources.py imports Triton to compile")
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "benchmarks.attention_resources", "--maxnreg", "5"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2 and "--maxnreg 5: registers a thread, from 24 to 255" in out.stderr, out.stderr[-500:]
+
+
 def test_resident_programs_take_the_least_of_registers_shared_memory_and_slots():
     pytest.importorskip("triton", reason="benchmarks/attention_resources.py compiles with Triton")
     from benchmarks.attention_resources import resident
@@ -97,7 +106,8 @@ def test_decode_bench_names_bad_attention_tiles_and_block_sizes_before_the_gpu()
              (["--block-size", "48"], "--block-size 48: a power of two"),
              (["--ab-rounds", "0"], "--ab-rounds must be >= 1"),
              (["--gptj-batches", "0"], "batch sizes >= 1"),
-             (["--batches", "64,x"], "batch sizes >= 1")]
+             (["--batches", "64,x"], "batch sizes >= 1"),
+             (["--skip", "lama,int8"], "--skip lama,int8: unknown ['lama']")]
     for flags, says in cases:
         out = subprocess.run([sys.executable, str(script), "--batches", "64", *flags],
                              capture_output=True, text=True, timeout=120, check=False)
