@@ -84,8 +84,18 @@ def use_attention_config(c: dict) -> None:
     triton_attention.DECODE_OVERRIDE = dict(c)
 
 
+def kv_bytes_for(shape: str, max_num_seqs: int, tokens: int = 320) -> int:
+    """The KV pool for `max_num_seqs` sequences of `tokens` (a 128 + 128 run, rounded up to
+    blocks, with room to spare) at bf16, and at least 24 GB: GPT-J's 16 heads of 256 take 0.46 MB
+    a token over 28 layers, so 256 of its sequences need 30 GB where Llama's need 8.6."""
+    cfg = ModelConfig(**SHAPES[shape])
+    per_token = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2
+    return max(24 << 30, per_token * tokens * max_num_seqs)
+
+
 def build(shape: str, dtype: str = "bf16", quantization: str = "none", max_num_seqs: int = 256,
-          kv_bytes: int = 24 << 30, max_model_len: int = 4096, device: str = "cuda") -> LocalPipeline:
+          kv_bytes: int | None = None, max_model_len: int = 4096, device: str = "cuda") -> LocalPipeline:
+    kv_bytes = kv_bytes or kv_bytes_for(shape, max_num_seqs)
     engine = step_tuning.random_engine(ModelConfig(**SHAPES[shape]), dtype, quantization, max_num_seqs, device,
                                        gemm_config=GEMM_CONFIG, kv_bytes=kv_bytes, max_model_len=max_model_len,
                                        **({} if OVERLAP is None else {"overlap_decode": OVERLAP}),

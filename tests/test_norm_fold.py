@@ -127,7 +127,8 @@ def test_rows_that_do_not_all_sample_take_the_plain_head(monkeypatch):
 def test_gptj_parallel_residual_adds_in_downs_epilogue(monkeypatch):
     """GPT-J at decode rows where down's kernel takes the residual add: down's epilogue adds
     attention's output and down's bias (no add kernels), and the up projection's epilogue its
-    GELU; the logits are the plain path's (two adds after down, the activation kernel)."""
+    GELU; the logits are the plain path's (down's product accumulating onto attention's output,
+    o's carrying down's bias, the activation after the up product)."""
     from shardline.model.random_weights import GPTJ_SMALL
     from shardline.model.layers import Linear
     cfg = ModelConfig(**GPTJ_SMALL)

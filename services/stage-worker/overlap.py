@@ -38,7 +38,8 @@ class OverlappedStepper:
         return self._launched is not None
 
     def step(self, batch: StageBatch) -> tuple[StageBatch, list[int]] | None:
-        """Launch `batch` (may be empty), then return the previously launched batch and its tokens."""
+        """Launch `batch` (may be empty: then only its frees go to the engine), then return the
+        previously launched batch and its tokens."""
         launched = None
         if batch.chunks:
             ids, pending = self.scheduler.input_ids(batch)
@@ -46,6 +47,12 @@ class OverlappedStepper:
                 index = {c.request_id: j for j, c in enumerate(self._launched[0].sampled)}
                 pending = [(row, index[rid]) for row, rid in pending]
             launched = (batch, self.engine.step(batch, ids, defer_tokens=True, pending=pending))
+        elif batch.free_request_ids:
+            # Nothing to launch, but the scheduler hands the batch the sequences that finished
+            # since the last one: a step would free their blocks first, so free them here (the
+            # step in flight may still write their last lookahead token: it runs before any
+            # later step that reuses the blocks, in stream order).
+            self.engine.free(batch.free_request_ids)
         done, self._launched = self._launched, launched
         if done is None:
             return None

@@ -39,9 +39,24 @@ class Linear:
         table is loaded, else wherever the CUDA C GEMV takes the operands (kernels/gemv.py)."""
         return self._runs_gemv(x, self._choice(x))
 
-    def __call__(self, x: torch.Tensor, add_bias: bool = True, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """`out_dtype`: the result's dtype, if not x's (the split-K kernel writes it directly)."""
-        return self._product(x, self.bias if add_bias else None, out_dtype=out_dtype)
+    def __call__(self, x: torch.Tensor, add_bias: bool = True, out_dtype: torch.dtype | None = None,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`out_dtype`: the result's dtype, if not x's (the split-K kernel and cuBLAS write it
+        directly). `bias`: another linear's bias to add in this product's epilogue in place of its
+        own (GPT-J's o product carries down's: `accumulate`)."""
+        if bias is None and add_bias:
+            bias = self.bias
+        return self._product(x, bias, out_dtype=out_dtype)
+
+    def accumulate(self, x: torch.Tensor, onto: torch.Tensor) -> torch.Tensor:
+        """onto += x @ W.T (no bias), returned: cuBLAS's own accumulate (addmm's beta = 1) where
+        this product runs cuBLAS for x's rows, so the sum takes no add kernel; else the product,
+        then the add. GPT-J's parallel residual sums attention's and the MLP's outputs so."""
+        choice = self._choice(x)
+        if (self.scale is None and x.dim() == 2 and onto.is_contiguous() and not self._runs_gemv(x, choice)
+                and (choice is None or choice["impl"] == "cublas")):
+            return onto.addmm_(x, self.weight.t())
+        return onto.add_(self._product(x, None))
 
     def glu(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of this fused [gate; up] projection: in the product's epilogue where the
@@ -70,7 +85,8 @@ class Linear:
             elif self.scale is not None:
                 y = quant.quantized_linear(x, self.weight, self.scale, bias)
             else:
-                y = F.linear(x, self.weight, bias)
+                y, fused_gelu = cublas_linear(x, self.weight, bias, out_dtype, gelu and not glu)
+                gelu = gelu and not fused_gelu
             if glu:
                 y = activation.silu_and_mul(y)
         if gelu:
@@ -114,6 +130,25 @@ class Linear:
         config = choice["config"] if choice is not None and self._runs_gemv(x, choice) else None
         return gemv.fused_linear(x, self.weight, self.scale, self.bias if add_bias else None, norm_weight, residual,
                                  eps, glu, config=config, norm_bias=norm_bias, gelu=gelu, add=add)
+
+
+def cublas_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  out_dtype: torch.dtype | None = None, gelu: bool = False) -> tuple[torch.Tensor, bool]:
+    """(x @ W.T (+ bias), whether GELU was applied) by cuBLAS, its epilogue taking on, on a GPU:
+    - fp32 results of bf16/fp16 operands where there is no bias (torch.mm's `out_dtype`): the
+      head's logits need no conversion kernel after it (95 us a step at 256 rows of Llama-3-8B).
+      With a bias, addmm's form fills the output with it first, a kernel as slow as the
+      conversion at GPT-J's head, so a biased head keeps the conversion.
+    - GELU (tanh) after the bias, for bf16/fp16 (cuBLASLt's epilogue, as torch._addmm_activation
+      runs it; it rounds once, where the product and then the activation kernel round twice).
+    Elsewhere F.linear and False: the caller applies GELU and converts."""
+    if not (x.is_cuda and x.dim() == 2):
+        return F.linear(x, weight, bias), False
+    if out_dtype == torch.float32 and x.dtype in (torch.float16, torch.bfloat16) and bias is None and not gelu:
+        return torch.mm(x, weight.t(), out_dtype=torch.float32), False
+    if gelu and bias is not None and out_dtype in (None, x.dtype) and x.dtype in (torch.float16, torch.bfloat16):
+        return torch._addmm_activation(bias, x, weight.t(), use_gelu=True), True
+    return F.linear(x, weight, bias), False
 
 
 class VocabParallelEmbedding:

@@ -119,9 +119,10 @@ class DecoderLayer:
         return self._attend(self.qkv_proj(x), meta, k_cache, v_cache)
 
     def _attend(self, qkv: torch.Tensor, meta: StepMetadata, k_cache: torch.Tensor,
-                v_cache: torch.Tensor) -> torch.Tensor:
-        """From the qkv projection [T, (nh + 2 nkv) hd] of this rank's heads to the partial output."""
-        return self.o_proj(self._heads(qkv, meta, k_cache, v_cache), add_bias=False)
+                v_cache: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """From the qkv projection [T, (nh + 2 nkv) hd] of this rank's heads to the partial output
+        (with `bias` added in o's epilogue: another product's, which the caller sums with it)."""
+        return self.o_proj(self._heads(qkv, meta, k_cache, v_cache), add_bias=False, bias=bias)
 
     def _heads(self, qkv: torch.Tensor, meta: StepMetadata, k_cache: torch.Tensor,
                v_cache: torch.Tensor) -> torch.Tensor:
@@ -224,11 +225,15 @@ class DecoderLayer:
             # Parallel residual (GPT-J): attention and MLP read the same normed input, so their
             # partial sums share one all-reduce instead of two. On one rank, where down's kernel
             # takes the residual add, it adds attention's output and its own bias in its epilogue.
-            attn, act = self.attention(x, meta, k_cache, v_cache), self._activation(x)
-            if self.tp.size == 1 and self.o_proj.bias is None and self.down_proj.folds(act):
+            # Elsewhere down accumulates onto attention's output (cuBLAS's beta = 1) and, on one
+            # rank, o's product carries down's bias: no add kernel either way.
+            carry = self.tp.size == 1 and self.o_proj.bias is None
+            if carry and self.down_proj.folds(x):
+                attn, act = self.attention(x, meta, k_cache, v_cache), self._activation(x)
                 return self.down_proj.fold(act, residual=attn)[0], residual
-            partial = attn + self.down_proj(act, add_bias=False)
-            return self._reduce(partial, self.o_proj.bias, self.down_proj.bias), residual
+            attn = self._attend(self.qkv_proj(x), meta, k_cache, v_cache, bias=self.down_proj.bias if carry else None)
+            partial = self.down_proj.accumulate(self._activation(x), onto=attn)
+            return self._reduce(partial, self.o_proj.bias, None if carry else self.down_proj.bias), residual
         attn = self._reduce(self.attention(x, meta, k_cache, v_cache), self.o_proj.bias)
         x, residual = self.post_attention_norm(attn, residual)
         return self._reduce(self.mlp(x), self.down_proj.bias), residual

@@ -77,6 +77,24 @@ def test_overlapped_decode_changes_no_token(one_stage):
     assert bm.num_free_blocks == bm.num_blocks, "lookahead steps must not leak KV blocks"
 
 
+@pytest.mark.parametrize("max_tokens", [1, 3])
+def test_overlapped_decode_frees_sequences_that_finish_with_nothing_left_to_launch(one_stage, max_tokens):
+    """Prefill in chunks and short outputs: the last sequences finish at a step after which the
+    scheduler has nothing to launch, and the (empty) batch it returns carries their frees. The
+    stepper must hand those to the engine: dropped, their blocks stay taken while the scheduler
+    counts them free, until a full batch fails with OutOfBlocks (seen at 256 rows on an H200)."""
+    pipeline = LocalPipeline(one_stage, config=EngineConfig(num_blocks=64, overlap_decode=True,
+                                                            max_num_batched_tokens=32))
+    assert pipeline.stepper is not None
+    prompts = [[1 + i] * 16 for i in range(8)]
+    for _ in range(3):
+        out = pipeline.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        assert all(len(o) == max_tokens for o in out)
+        bm = pipeline.engines[0].block_manager
+        assert not bm.block_tables and bm.num_free_blocks == bm.num_blocks, \
+            f"{len(bm.block_tables)} finished sequences still hold KV blocks"
+
+
 @pytest.mark.parametrize("impl", ["triton", "streamk", "ring"])
 def test_a_tuned_table_changes_no_token(converted, impl, monkeypatch):
     """A `tune-gemm` table sending every linear of batches 2-64 to one kernel: the MLP's gate/up
