@@ -66,6 +66,28 @@ def test_worker_streams_the_engine_tokens_and_cancel_frees(model, overlap):
         worker.stop()
 
 
+@pytest.mark.parametrize("max_tokens", [1, 3])
+def test_overlapped_worker_gives_back_every_block_of_short_requests(model, max_tokens):
+    """Prompts prefilled in chunks, outputs of a few tokens, the pattern that leaked KV blocks in
+    the in-process pipeline (test_batching): the worker frees finished requests after each
+    delivery, and every block comes back, round after round."""
+    config = EngineConfig(num_blocks=64, overlap_decode=True, max_num_batched_tokens=32)
+    worker = StageWorker(StageEngine(model, 0, single_rank(), config), "local", "r0", "tiny")
+    try:
+        assert worker.stepper is not None
+        for round_ in range(3):
+            streams = [worker.admit(f"s{round_}-{i}", [1 + i] * 16, SamplingParams(max_tokens=max_tokens,
+                                                                                   ignore_eos=True), [], [])
+                       for i in range(8)]
+            assert all(len(drain(s)) == max_tokens for s in streams)
+            deadline = time.monotonic() + 10
+            while worker.status()["free_blocks"] != 64 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert worker.status()["free_blocks"] == 64, f"round {round_}: finished requests still hold KV blocks"
+    finally:
+        worker.stop()
+
+
 @pytest.fixture(scope="module")
 def two_stage(tmp_path_factory):
     root = tmp_path_factory.mktemp("worker2")
