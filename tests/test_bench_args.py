@@ -158,3 +158,12 @@ def test_profile_decode_names_a_bad_attention_config_before_the_gpu():
         out = subprocess.run([sys.executable, "-m", "benchmarks.profile_decode", "--attention-config", text],
                              capture_output=True, text=True, timeout=120, check=False)
         assert out.returncode == 2 and "--attention-config takes a JSON object" in out.stderr, (text, out.stderr[-500:])
+
+
+def test_decode_bench_sizes_the_kv_pool_for_the_shape():
+    """GPT-J's 256 sequences of a 128 + 128 run need ~30 GB of KV (0.46 MB a token); the bench gave
+    every model 24 GB, and GPT-J's batch 256 failed with OutOfBlocks (session o)."""
+    from benchmarks.decode_bench import kv_bytes_for
+    gptj = kv_bytes_for("gptj-6b", 256)
+    assert gptj >= 256 * 257 * 28 * 2 * 16 * 256 * 2 > 24 << 30
+    assert kv_bytes_for("llama3-8b", 256) == 24 << 30, "Llama's 8.6 GB fits the old floor"
