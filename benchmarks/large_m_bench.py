@@ -28,8 +28,8 @@ from shardline.model.random_weights import SHAPES
 
 # The split-K kernel's tiles of 128 or 256 rows (a weight tile read by one or two programs, not
 # by batch / 64): (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, warps, stages), TMA loads. On the H200 at
-# 256 rows every one lost to cuBLAS, by 20-115% a product (2026-11-30 o), so tune-gemm does not
-# time them above 64 rows.
+# 256 rows every one lost to cuBLAS with its kernels, the best tile by 4-50% a product (2026-11-30
+# o, docs/benchmarks.md), so tune-gemm does not time them above 64 rows.
 LARGE_M_TILES = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=st, TMA=1)
                  for bm, bn, bk, sk, w, st in (
                      (128, 128, 64, 1, 8, 4), (128, 256, 64, 1, 8, 3), (256, 128, 64, 1, 8, 3),
