@@ -259,12 +259,11 @@ def time_variants(pipeline: LocalPipeline, batches: list[int], variants: list[di
                   tables: dict, weight_bytes: int) -> list[dict]:
     """Each batch's decode step under each A/B variant in turn (`rounds` times when there are
     several; graphs recaptured for each): one row a timing, also printed as it comes."""
-    from shardline.kernels import triton_attention
     rows = []
     for b in batches:
         for variant in variants * (rounds if len(variants) > 1 else 1):
             if len(variants) > 1:
-                triton_attention.DECODE_OVERRIDE = dict(variant.get("attention", {}))
+                use_attention_config(variant.get("attention", {}))
                 if "gemm_config" in variant:
                     pipeline.engines[0].model.configure_gemms(tables[variant["gemm_config"]])
                 pipeline.engines[0].graphs.reset()
@@ -274,7 +273,7 @@ def time_variants(pipeline: LocalPipeline, batches: list[int], variants: list[di
                          "weight_GBps": round(weight_bytes / ms / 1e6, 1),
                          "graph_replay_ms": round(gpu_ms, 3) if gpu_ms else None, **variant})
             print(json.dumps(rows[-1]), flush=True)
-    triton_attention.DECODE_OVERRIDE = {}
+    use_attention_config({})
     return rows
 
 

@@ -78,12 +78,23 @@ def main() -> None:
     ap.add_argument("--configs", help="JSON list of split-K configs (default: LARGE_M_TILES)")
     ap.add_argument("--only", help="comma-separated products (qkv_proj,o_proj,up_proj,down_proj,lm_head)")
     args = ap.parse_args()
+    cfg = ModelConfig(**SHAPES["llama3-8b"])
+    names = list(linear_shapes(cfg))
+    if args.batch < 1:
+        ap.error(f"--batch {args.batch}: rows >= 1, e.g. 256")
+    only = set(args.only.split(",")) if args.only else None
+    if only and only - set(names):
+        ap.error(f"--only {args.only}: unknown {sorted(only - set(names))}; a comma list of {','.join(names)}")
+    try:
+        configs = json.loads(args.configs) if args.configs else LARGE_M_TILES
+    except json.JSONDecodeError as e:
+        ap.error(f"--configs takes a JSON list of split-K configs ({e}), e.g. "
+                 f"'[{json.dumps(LARGE_M_TILES[0])}]'")
+    if not (isinstance(configs, list) and all(isinstance(c, dict) for c in configs)):
+        ap.error(f"--configs takes a JSON list of objects, e.g. '[{json.dumps(LARGE_M_TILES[0])}]'; got {args.configs!r}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
-    cfg = ModelConfig(**SHAPES["llama3-8b"])
-    configs = json.loads(args.configs) if args.configs else LARGE_M_TILES
     dev, dt, m = torch.device("cuda"), torch.bfloat16, args.batch
-    only = set(args.only.split(",")) if args.only else None
     print(f"batch {m}, {torch.cuda.get_device_name(dev)}; us a product (TFLOP/s)")
     best_sum, unfused_sum = 0.0, 0.0
     for name, (n, k) in linear_shapes(cfg).items():

@@ -129,7 +129,7 @@ def test_decode_attention_tiles_pipeline_only_with_block_ids_unseen():
     K/V tiles one buffer each, waited for whole (cp.async.wait_group 0) before the math; read by
     inline PTX (OPAQUE_BT), the same three stages give them two buffers, one tile in flight during
     the math (wait_group 2: the K and V copies of the next tile)."""
-    pytest.importorskip("triton")
+    pytest.importorskip("triton", reason="compiling the decode attention for sm_90 needs Triton")
     import re
 
     from benchmarks.attention_resources import compile_decode
@@ -167,3 +167,15 @@ def test_decode_bench_sizes_the_kv_pool_for_the_shape():
     gptj = kv_bytes_for("gptj-6b", 256)
     assert gptj >= 256 * 257 * 28 * 2 * 16 * 256 * 2 > 24 << 30
     assert kv_bytes_for("llama3-8b", 256) == 24 << 30, "Llama's 8.6 GB fits the old floor"
+
+
+@pytest.mark.parametrize("argv,names", [(["--batch", "0"], "--batch 0"),
+                                        (["--only", "qkv_proj,gate"], "unknown ['gate']"),
+                                        (["--configs", "[{BLOCK_M: 128}]"], "--configs takes a JSON list"),
+                                        (["--configs", '{"BLOCK_M": 128}'], "--configs takes a JSON list of objects")])
+def test_large_m_bench_names_bad_arguments_before_the_gpu(argv, names):
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "benchmarks.large_m_bench", *argv], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 2 and names in out.stderr, out.stderr[-500:]

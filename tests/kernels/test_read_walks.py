@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("triton")
+pytest.importorskip("triton", reason="the walk probes are Triton kernels (run on the GPU, or on the CPU "
+                    "under TRITON_INTERPRET=1)")
 
 
 def _small_ints(*shape, device):
