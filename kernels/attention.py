@@ -93,7 +93,7 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
                             cos_sin: torch.Tensor, rotary_dim: int, k_cache: torch.Tensor,
                             v_cache: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                             seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *,
-                            max_seq_len: int | None = None, l2_prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                            max_seq_len: int | None = None) -> torch.Tensor:
     """A decode step's attention from its unrotated q, k, v [T, heads, hd] (one query row per
     sequence): rotary, the cache write and attention. On the GPU, up to FUSED_ROTARY_MAX_ROWS rows,
     that is one kernel (the rotary kernel's launch is gone from every layer) unless the decode
@@ -106,8 +106,7 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
         if cfg.get("FUSE_ROTARY", True):
             return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                                           max_query_len=1, max_seq_len=max_seq_len, decode_config=cfg,
-                                          rotary=(k, v, positions, cos_sin, rotary_dim, slot_mapping),
-                                          l2_prefetch=l2_prefetch)
+                                          rotary=(k, v, positions, cos_sin, rotary_dim, slot_mapping))
     from .rotary import apply_rotary_and_write_kv
     q = apply_rotary_and_write_kv(q, k, v, positions, cos_sin, rotary_dim, k_cache, v_cache, slot_mapping)
     return paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len=1,

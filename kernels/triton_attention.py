@@ -24,11 +24,10 @@ import triton.language as tl
 
 from . import _dispatch
 from ._dispatch import next_pow2, pdl_args, sm_count
-from .triton_pdl import pdl_wait, prefetch_l2_bulk
+from .triton_pdl import pdl_wait
 from .triton_rotary import load_rotated
 
 _LOG2E = 1.4426950408889634
-PREFETCH_THREADS = 128  # bulk L2 prefetches a decode program issues for the next product's weight
 
 
 @triton.jit
@@ -131,9 +130,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
-                   EARLY_KV: tl.constexpr, OPAQUE_BT: tl.constexpr, USE_PDL: tl.constexpr,
-                   next_ptr=None, next_bytes=0, next_chunk=0, PREFETCH_NEXT: tl.constexpr = False,
-                   PF_THREADS: tl.constexpr = 128):
+                   EARLY_KV: tl.constexpr, OPAQUE_BT: tl.constexpr, USE_PDL: tl.constexpr):
     """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
     sequence). The kernel rotates q and the row's new key, writes the new key and value to the
     row's cache slot (skipped when the slot is < 0) and attends over the new token from registers:
@@ -142,10 +139,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     ONE_ROW: every sequence has exactly one query row, in order (a decode step), so row r is
     sequence r and sees all its seq_len keys; no search of query_start_loc. Under PDL the program
     reads the step's metadata before its wait: the host wrote it before the step's first kernel,
-    and only q and the new token come from the kernel ahead.
-
-    PREFETCH_NEXT: as it ends, each program asks L2 for its share (next_chunk bytes) of the
-    next_bytes at next_ptr, the weight of the product after attention (see paged_attention_triton)."""
+    and only q and the new token come from the kernel ahead."""
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -237,9 +231,6 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
         part = (row64 * num_heads + heads) * NUM_SPLITS + split  # (G,)
         tl.store(part_out_ptr + part[:, None] * HEAD_DIM_P2 + d[None, :], out, mask=omask)
         tl.store(part_lse_ptr + part, m_i + tl.log2(l_i), mask=gmask)  # -inf when empty
-    if PREFETCH_NEXT:
-        pid = (row * tl.num_programs(1) + kvh) * NUM_SPLITS + split
-        prefetch_l2_bulk(next_ptr, next_bytes, pid.to(tl.int64) * next_chunk, next_chunk, PF_THREADS)
 
 
 @triton.jit
@@ -395,15 +386,12 @@ def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
 def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, *,
                            max_query_len: int | None = None, max_seq_len: int | None = None,
                            decode_config: dict | None = None, prefill_config: dict | None = None,
-                           num_splits: int | None = None, rotary: tuple | None = None,
-                           l2_prefetch: torch.Tensor | None = None):
+                           num_splits: int | None = None, rotary: tuple | None = None):
     """`decode_config`: BLOCK_N, num_warps, num_stages (and maxnreg, EARLY_KV) of the decode
     kernel (decode_config_for's by default); its context splits are `num_splits`, else the config's
     `splits` (how an A/B forces them), else `_num_splits`'s choice. `rotary`: (k, v, positions,
     cos_sin, rotary_dim, slot_mapping) of a decode step whose q, k and v are unrotated and not yet
-    cached (see _decode_kernel); it requires max_query_len == 1. `l2_prefetch`: the weight the
-    next kernel streams (o's), which decode programs ask L2 for as they end if the config says
-    PREFETCH_NEXT."""
+    cached (see _decode_kernel); it requires max_query_len == 1."""
     T, nh, hd = q.shape
     block_size, nkv = k_cache.shape[1], k_cache.shape[2]
     B = block_tables.shape[0]
@@ -430,17 +418,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         # Early K/V reads are safe only where an earlier step wrote every cached key: a fused decode step.
         early_kv = cfg.pop("EARLY_KV", False) and one_row and rotary is not None
         opaque_bt = cfg.pop("OPAQUE_BT", False) and not _dispatch.TRITON_INTERPRET  # the interpreter runs no PTX
-        prefetch = cfg.pop("PREFETCH_NEXT", False) and l2_prefetch is not None and not _dispatch.TRITON_INTERPRET
         hd_p2 = common["HEAD_DIM_P2"]
-        nxt = {}
-        if prefetch:
-            assert l2_prefetch.is_contiguous() and l2_prefetch.data_ptr() % 16 == 0, \
-                "l2_prefetch must be one contiguous, 16-byte aligned buffer"
-            total = l2_prefetch.numel() * l2_prefetch.element_size()
-            quantum = 16 * PREFETCH_THREADS
-            chunk = -(-total // (T * nkv * splits * quantum)) * quantum
-            nxt = dict(next_ptr=l2_prefetch.view(torch.int8).view(-1), next_bytes=total, next_chunk=chunk,
-                       PREFETCH_NEXT=True, PF_THREADS=PREFETCH_THREADS)
         if splits > 1:
             part_out = torch.empty((T, nh, splits, hd_p2), dtype=torch.float32, device=q.device)
             part_lse = torch.empty((T, nh, splits), dtype=torch.float32, device=q.device)
@@ -458,8 +436,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
             scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
-            NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, **nxt, **cfg, **common,
-            **pdl_args(q))
+            NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, **cfg, **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,

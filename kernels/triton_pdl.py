@@ -25,18 +25,3 @@ def prefetch_l2(ptrs):
     launched with PDL calls it on weights, which no earlier kernel writes, before its wait."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
                               dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def prefetch_l2_bulk(base_ptr, total_bytes, start, nbytes, THREADS: tl.constexpr):
-    """Ask L2 for bytes [start, start + nbytes) of the buffer at `base_ptr` (int8 pointer,
-    `total_bytes` long): THREADS bulk prefetches (Hopper's cp.async.bulk.prefetch.L2, one
-    instruction each, nothing comes back), clipped to the buffer (a tail under 16 bytes is left
-    out). The buffer is 16-byte aligned; `start` and `nbytes` are multiples of 16 * THREADS."""
-    piece = nbytes // THREADS
-    offs = start + tl.arange(0, THREADS).to(tl.int64) * piece
-    size = (tl.minimum(total_bytes - offs, piece) // 16 * 16).to(tl.int32)  # whole 16-byte units
-    size = tl.where(size > 0, size, 0)
-    tl.inline_asm_elementwise(
-        "{\n\t.reg .pred p;\n\tsetp.gt.s32 p, $2, 0;\n\t@p cp.async.bulk.prefetch.L2.global [$1], $2;\n\t"
-        "mov.u32 $0, 0;\n\t}", "=r,l,r", [base_ptr + offs, size], dtype=tl.int32, is_pure=False, pack=1)

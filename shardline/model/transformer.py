@@ -136,7 +136,7 @@ class DecoderLayer:
             o = attention.rotary_decode_attention(q, k, v, meta.positions, self.cos_sin, self.cfg.rotary_dim,
                                                   k_cache, v_cache, meta.slot_mapping, meta.block_tables,
                                                   meta.seq_lens, meta.query_start_loc, self.scale,
-                                                  max_seq_len=meta.max_seq_len, l2_prefetch=self.o_proj.weight)
+                                                  max_seq_len=meta.max_seq_len)
         else:
             if self.cos_sin is not None:  # rotary fused with the cache write: rotated k goes straight there
                 q = rotary.apply_rotary_and_write_kv(q, k, v, meta.positions, self.cos_sin, self.cfg.rotary_dim,
