@@ -42,7 +42,7 @@ BLOCK_SIZE: int | None = None  # --block-size (None: EngineConfig's default)
 # The decode attention keys an A/B may change over the kernel's choice (--attention-configs, and
 # step_tune's --attention-config).
 ATTENTION_TILE_KEYS = {"BLOCK_N", "num_warps", "num_stages", "maxnreg", "splits", "EARLY_KV", "OPAQUE_BT",
-                       "FUSE_ROTARY", "EARLY_META", "EARLY_NEW"}
+                       "FUSE_ROTARY"}
 
 
 # What --skip may leave out: the Llama table (and its prefill), the quantized rows, GPT-J, prefill.

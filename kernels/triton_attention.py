@@ -24,7 +24,7 @@ import triton.language as tl
 
 from . import _dispatch
 from ._dispatch import next_pow2, pdl_args, sm_count
-from .triton_pdl import pdl_wait, prefetch_l2
+from .triton_pdl import pdl_wait
 from .triton_rotary import load_rotated
 
 _LOG2E = 1.4426950408889634
@@ -120,15 +120,6 @@ def _online_softmax_step(q, k, v, visible, acc, l_i, m_i, scale_log2, DOT_PRECIS
 
 
 @triton.jit
-def _new_kv(k_new_ptr, v_new_ptr, row64, kvh, stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h, d, dmask, cs_row,
-            HALF: tl.constexpr, ROT: tl.constexpr, cdt: tl.constexpr):
-    """The decode row's new key (rotated) and value of kv head kvh, in the cache's dtype `cdt`."""
-    k = load_rotated(k_new_ptr + row64 * stride_kn_t + kvh * stride_kn_h, d, dmask, cs_row, HALF, ROT).to(cdt)
-    v = tl.load(v_new_ptr + row64 * stride_vn_t + kvh * stride_vn_h + d, mask=dmask).to(cdt)
-    return k, v
-
-
-@triton.jit
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
                    part_out_ptr, part_lse_ptr, scale_log2, num_seqs, num_heads,
                    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
@@ -139,8 +130,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
-                   EARLY_KV: tl.constexpr, OPAQUE_BT: tl.constexpr, USE_PDL: tl.constexpr,
-                   EARLY_META: tl.constexpr = False, EARLY_NEW: tl.constexpr = False):
+                   EARLY_KV: tl.constexpr, OPAQUE_BT: tl.constexpr, USE_PDL: tl.constexpr):
     """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
     sequence). The kernel rotates q and the row's new key, writes the new key and value to the
     row's cache slot (skipped when the slot is < 0) and attends over the new token from registers:
@@ -149,11 +139,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     ONE_ROW: every sequence has exactly one query row, in order (a decode step), so row r is
     sequence r and sees all its seq_len keys; no search of query_start_loc. Under PDL the program
     reads the step's metadata before its wait: the host wrote it before the step's first kernel,
-    and only q and the new token come from the kernel ahead.
-
-    EARLY_META: before the wait, ask L2 for the lines of the split's first block ids and of the
-    row's cos/sin (the first K/V addresses and q's rotation wait on them after it). EARLY_NEW: the
-    new token's key and value are read with q, before the loop, not after it."""
+    and only q and the new token come from the kernel ahead."""
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -188,12 +174,6 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     if ROTARY:
         cs_row = cos_sin_ptr + tl.load(pos_ptr + row).to(tl.int64) * stride_cs
-    if EARLY_META:  # host-written lines that the first loads after the wait depend on
-        lines = tl.arange(0, 4)
-        last_blk = tl.maximum(tl.cdiv(hi, BLOCK_SIZE) - 1, 0)  # within the row's table, even for an empty split
-        prefetch_l2(bt_row + tl.minimum(lo // BLOCK_SIZE + lines * 32, last_blk))  # 32 int32 ids a line
-        if ROTARY:
-            prefetch_l2(cs_row + tl.minimum(lines * 32, ROT - 1))  # cos then sin: ROT values
     if EARLY_KV:  # the first cached tile, read before the wait: an earlier step wrote it
         offs0 = lo + tl.arange(0, BLOCK_N)
         mask0 = offs0 < hi_cached
@@ -204,11 +184,6 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
         q = load_rotated(q_rows, d[None, :], q_mask, cs_row, HALF, ROT)  # (G, D)
     else:
         q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0)  # (G, D)
-    if ROTARY:
-        holds_new = (kv_len > 0) & (kv_len - 1 >= lo) & (kv_len - 1 < hi)  # this split holds the new token
-        if EARLY_NEW:
-            k_new, v_new = _new_kv(k_new_ptr, v_new_ptr, row64, kvh, stride_kn_t, stride_kn_h, stride_vn_t,
-                                   stride_vn_h, d, dmask & holds_new, cs_row, HALF, ROT, k_cache_ptr.dtype.element_ty)
     m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_P2], tl.float32)
     acc = tl.zeros([GROUP_P2, HEAD_DIM_P2], tl.float32)
@@ -225,12 +200,11 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                               stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE, OPAQUE_BT)
         acc, l_i, m_i = _online_softmax_step(q, k, v, mask_n[None, :], acc, l_i, m_i, scale_log2, DOT_PRECISION)
     if ROTARY:
-        if holds_new:
-            if EARLY_NEW:
-                k, v = k_new, v_new
-            else:
-                k, v = _new_kv(k_new_ptr, v_new_ptr, row64, kvh, stride_kn_t, stride_kn_h, stride_vn_t,
-                               stride_vn_h, d, dmask, cs_row, HALF, ROT, k_cache_ptr.dtype.element_ty)
+        if (kv_len > 0) & (kv_len - 1 >= lo) & (kv_len - 1 < hi):  # this split holds the new token
+            cdt = k_cache_ptr.dtype.element_ty
+            k = load_rotated(k_new_ptr + row64 * stride_kn_t + kvh * stride_kn_h, d, dmask, cs_row,
+                              HALF, ROT).to(cdt)
+            v = tl.load(v_new_ptr + row64 * stride_vn_t + kvh * stride_vn_h + d, mask=dmask).to(cdt)
             slot = tl.load(slot_ptr + row).to(tl.int64)
             if slot >= 0:  # padding rows of a captured batch write nowhere
                 blk, off = slot // BLOCK_SIZE, slot % BLOCK_SIZE
@@ -444,8 +418,6 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         # Early K/V reads are safe only where an earlier step wrote every cached key: a fused decode step.
         early_kv = cfg.pop("EARLY_KV", False) and one_row and rotary is not None
         opaque_bt = cfg.pop("OPAQUE_BT", False) and not _dispatch.TRITON_INTERPRET  # the interpreter runs no PTX
-        early_meta = cfg.pop("EARLY_META", False) and not _dispatch.TRITON_INTERPRET  # PTX prefetches
-        early_new = cfg.pop("EARLY_NEW", False) and rotary is not None
         hd_p2 = common["HEAD_DIM_P2"]
         if splits > 1:
             part_out = torch.empty((T, nh, splits, hd_p2), dtype=torch.float32, device=q.device)
@@ -464,8 +436,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
             scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
-            NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt,
-            EARLY_META=early_meta, EARLY_NEW=early_new, **cfg, **common, **pdl_args(q))
+            NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, **cfg, **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,
