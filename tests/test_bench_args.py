@@ -1,6 +1,7 @@
 """The benchmarks' list options reject malformed values with the expected form (CPU)."""
 
 import argparse
+import json
 
 import pytest
 
@@ -179,3 +180,25 @@ def test_large_m_bench_names_bad_arguments_before_the_gpu(argv, names):
     out = subprocess.run([sys.executable, "-m", "benchmarks.large_m_bench", *argv], capture_output=True, text=True,
                          timeout=120, check=False)
     assert out.returncode == 2 and names in out.stderr, out.stderr[-500:]
+
+
+def test_table_variant_replaces_one_entry_and_names_a_bad_set(tmp_path, capsys):
+    """benchmarks/table_variant.py: the copy differs from the table in the entry set, and a --set
+    that names no linear, no batch or no JSON entry is a usage error saying the form."""
+    from benchmarks import table_variant
+    base = {"gpu": "NVIDIA H200", "entries": {"4096x4096:bfloat16:bfloat16": {"16": {"impl": "cublas", "config": None},
+                                                                            "64": {"impl": "cublas", "config": None}}}}
+    src, out = tmp_path / "t.json", tmp_path / "v.json"
+    src.write_text(json.dumps(base))
+    entry = {"impl": "ring", "config": {"BLOCK_N": 128, "BLOCK_K": 128, "STAGES": 4, "SPLIT_K": 4}}
+    table_variant.main(["--gemm-config", str(src), "--set", f"o_proj@64={json.dumps(entry)}",
+                        "--set", 'qkv_proj@16={"impl": "cublas", "config": null}', "--out", str(out)])
+    got = json.loads(out.read_text())
+    assert got["gpu"] == "NVIDIA H200"
+    assert got["entries"]["4096x4096:bfloat16:bfloat16"] == {"16": {"impl": "cublas", "config": None}, "64": entry}
+    assert got["entries"]["6144x4096:bfloat16:bfloat16"] == {"16": {"impl": "cublas", "config": None}}
+    for bad, says in (("o@64={}", "LINEAR@BATCH=JSON"), ("o_proj@0={}", "positive integer"),
+                      ("o_proj@64={nope", "not JSON"), ('o_proj@64={"config": {}}', '"impl"')):
+        with pytest.raises(SystemExit):
+            table_variant.main(["--gemm-config", str(src), "--set", bad, "--out", str(out)])
+        assert says in capsys.readouterr().err
