@@ -202,3 +202,24 @@ def test_table_variant_replaces_one_entry_and_names_a_bad_set(tmp_path, capsys):
         with pytest.raises(SystemExit):
             table_variant.main(["--gemm-config", str(src), "--set", bad, "--out", str(out)])
         assert says in capsys.readouterr().err
+
+
+def test_dram_timeline_weights_each_sample_by_its_overlap(capsys):
+    """benchmarks/dram_timeline.py: a stretch's DRAM rate is the samples' mean weighted by how much
+    of each sample interval lies inside it (the per-kernel column), None outside every sample; and a
+    bad --batch is a usage error before anything is built."""
+    from benchmarks import dram_timeline
+    times, values = [0, 10, 20, 30], [90.0, 10.0, 50.0, 0.0]
+    assert dram_timeline.mean_over(times, values, 0, 20) == pytest.approx(50.0)
+    assert dram_timeline.mean_over(times, values, 5, 15) == pytest.approx(50.0)  # half of each of two samples
+    assert dram_timeline.mean_over(times, values, 15, 20) == pytest.approx(10.0)
+    assert dram_timeline.mean_over(times, values, 40, 50) is None
+    import sys
+    argv = sys.argv
+    sys.argv = ["dram_timeline", "run", "--batch", "0"]
+    try:
+        with pytest.raises(SystemExit):
+            dram_timeline.main()
+    finally:
+        sys.argv = argv
+    assert "--batch 0" in capsys.readouterr().err
