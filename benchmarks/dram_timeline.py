@@ -59,9 +59,20 @@ def load(path: str) -> tuple[dict[str, tuple[list[int], list[float]]], list[tupl
     """({series: (sample times in ns, values)}, [(kernel name, start ns, end ns)]) of the report's
     first workload."""
     sys.path += glob.glob("/opt/nvidia/nsight-compute/*/extras/python")
-    import ncu_report
-    action = ncu_report.load_report(path).range_by_idx(0).action_by_idx(0)
+    try:
+        import ncu_report
+    except ImportError:
+        sys.exit("dram_timeline read needs Nsight Compute's ncu_report module (its extras/python folder, "
+                 "looked for under /opt/nvidia/nsight-compute/*): read the report where ncu is installed")
+    try:
+        action = ncu_report.load_report(path).range_by_idx(0).action_by_idx(0)
+    except FileNotFoundError as e:
+        sys.exit(f"dram_timeline read: {e}")
     by_suffix = {name.split("TriageCompute.")[-1]: name for name in action.metric_names()}
+    missing = [suffix for suffix in SERIES.values() if suffix not in by_suffix]
+    if missing:
+        sys.exit(f"{path} has no PM sampling of {missing[0]}: profile with --graph-profiling graph "
+                 "--section PmSampling (the command in this module's docstring)")
     series = {}
     for label, suffix in SERIES.items():  # a sample's time is its correlation id (0: no time, dropped)
         m = action.metric_by_name(by_suffix[suffix])

@@ -223,3 +223,8 @@ def test_dram_timeline_weights_each_sample_by_its_overlap(capsys):
     finally:
         sys.argv = argv
     assert "--batch 0" in capsys.readouterr().err
+    try:
+        import ncu_report  # noqa: F401  (only where Nsight Compute is installed)
+    except ImportError:
+        with pytest.raises(SystemExit, match="ncu_report"):
+            dram_timeline.load("missing.ncu-rep")
