@@ -4,6 +4,7 @@ import argparse
 import json
 
 import pytest
+import torch
 
 from benchmarks.kernels_bench import decode_shapes
 
@@ -223,8 +224,34 @@ def test_dram_timeline_weights_each_sample_by_its_overlap(capsys):
     finally:
         sys.argv = argv
     assert "--batch 0" in capsys.readouterr().err
-    try:
-        import ncu_report  # noqa: F401  (only where Nsight Compute is installed)
-    except ImportError:
-        with pytest.raises(SystemExit, match="ncu_report"):
-            dram_timeline.load("missing.ncu-rep")
+    # Without Nsight Compute the module is what is missing; with it, the report.
+    with pytest.raises(SystemExit, match="needs Nsight Compute's ncu_report|missing.ncu-rep does not exist"):
+        dram_timeline.load("missing.ncu-rep")
+
+
+def test_chain_bench_kernel_builds_for_sm90_with_its_waits_and_fences():
+    """benchmarks/chain_bench.py's boundary-spanning kernel compiles for Hopper on a CPU: qkv's x
+    waits on an acquire load of down's counter (or its tiles' flags) and crosses to the async proxy
+    (TMA) by a fence; down's tiles are published the same way."""
+    pytest.importorskip("triton.experimental.gluon", reason="the chained kernel is written in Gluon")
+    from benchmarks import chain_bench
+    for flags in (False, True):
+        ptx = chain_bench.compile_for_sm90(tile_flags=flags, backoff=True).asm["ptx"]
+        assert "ld.global.gpu.acquire" in ptx and "fence.proxy.async.global" in ptx and "nanosleep" in ptx
+        assert ("atom.global.gpu.release.exch" in ptx) == flags, "tiles publish by flag only with tile_flags"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="the chained kernel needs a Hopper GPU (wgmma, TMA)")
+@pytest.mark.parametrize("form", [{}, {"tile_flags": True, "backoff": True}])
+def test_chain_bench_matches_the_two_ring_kernels_bit_for_bit(form):
+    """The chained kernel's two products equal the engine's two ring kernels exactly (same tiles,
+    same K order, the same split sum), twice in a row (its counters reset themselves)."""
+    from benchmarks import chain_bench
+    torch.manual_seed(0)
+    xa = torch.randn(40, 2048, device="cuda", dtype=torch.bfloat16)
+    wa = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16) * 0.02
+    wb = torch.randn(1536, 1024, device="cuda", dtype=torch.bfloat16) * 0.02
+    for _ in range(2):
+        got, want = chain_bench.chain(xa, wa, wb, **form), chain_bench.two_kernels(xa, wa, wb)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
