@@ -218,11 +218,15 @@ def chain(xa: torch.Tensor, wa: torch.Tensor, wb: torch.Tensor, split_k: int = 2
     B's k-tiles wait for their own A tiles only. `backoff`: the producers sleep between polls."""
     M, KA = xa.shape
     NA, NB, KB = wa.shape[0], wb.shape[0], wb.shape[1]
-    assert KB == NA and M <= RING_MAX_M and NA % block_n == 0 and NB % block_n == 0
+    if KB != NA or M > RING_MAX_M or NA % block_n or NB % block_n:
+        raise ValueError(f"chain: xa [{M}, {KA}], wa [{NA}, {KA}], wb [{NB}, {KB}]: wb's K must be wa's N, at most "
+                         f"{RING_MAX_M} rows, and both N multiples of BLOCK_N {block_n}")
     tiles_a = NA // block_n
     programs = max(tiles_a * split_k, NB // block_n)
-    assert tiles_a * split_k <= torch.cuda.get_device_properties(xa.device).multi_processor_count, \
-        "every A split's program must be resident at once"
+    sms = torch.cuda.get_device_properties(xa.device).multi_processor_count
+    if tiles_a * split_k > sms:  # a waiting program would hold a multiprocessor an A split needs
+        raise ValueError(f"chain: {tiles_a} A tiles x {split_k} splits = {tiles_a * split_k} programs, above the "
+                         f"{sms} multiprocessors that must hold them all at once; fewer splits or taller tiles")
     ya = torch.empty((M, NA), dtype=xa.dtype, device=xa.device)
     yb = torch.empty((M, NB), dtype=xa.dtype, device=xa.device)
     part = torch.empty((split_k, M, NA), dtype=torch.float32, device=xa.device)

@@ -58,7 +58,7 @@ def _values(metric, kind: str) -> list:
 def load(path: str) -> tuple[dict[str, tuple[list[int], list[float]]], list[tuple[str, int, int]]]:
     """({series: (sample times in ns, values)}, [(kernel name, start ns, end ns)]) of the report's
     first workload."""
-    sys.path += glob.glob("/opt/nvidia/nsight-compute/*/extras/python")
+    sys.path += [p for p in glob.glob("/opt/nvidia/nsight-compute/*/extras/python") if p not in sys.path]
     try:
         import ncu_report
     except ImportError:
@@ -98,7 +98,11 @@ def mean_over(times: list[int], values: list[float], lo: int, hi: int) -> float 
 
 
 def read(args: argparse.Namespace) -> None:
-    series, kernels = load(args.report)
+    report(*load(args.report), args.layer)
+
+
+def report(series: dict[str, tuple[list[int], list[float]]], kernels: list[tuple[str, int, int]], layer: int) -> None:
+    """Print what `read` prints from `load`'s samples and kernels."""
     times, dram = series["dram"]
     short = [n.split("(")[0].strip().removeprefix("void ")[:28] for n, _, _ in kernels]
     t0, t_end = kernels[0][1], max(e for _, _, e in kernels)
@@ -119,20 +123,24 @@ def read(args: argparse.Namespace) -> None:
     print(f"{len(kernels)} kernels, {wall / 1e3:.1f} us; DRAM read {mean_over(times, dram, t0, t_end):.1f}% of peak "
           f"over the step ({len(times)} samples, {(times[-1] - times[0]) / max(len(times) - 1, 1) / 1e3:.2f} us apart); "
           f"steady rate (the samples' 90th percentile) {steady:.1f}%")
-    print(f"{'kernel < the one before':<60}{'n':>4}{'crit us':>9}{'share':>7}{'DRAM %':>8}{'below steady, us':>18}")
+    rows = []  # (kind, count, critical ns, DRAM %, ns below the steady rate)
     for key, (n, crit, weighted) in sorted(stats.items(), key=lambda kv: -kv[1][1]):
         pct = weighted / crit if crit else 0.0
-        print(f"{key:<60}{n:>4}{crit / 1e3:>9.1f}{100 * crit / wall:>6.1f}%{pct:>8.1f}"
-              f"{max(0.0, crit * (1 - pct / steady)) / 1e3:>18.1f}")
+        rows.append((key, n, crit, pct, max(0.0, crit * (1 - pct / steady))))
+    lost = sum(r[4] for r in rows)
+    print(f"below the steady rate: {lost / 1e3:.1f} us of the step; at that rate throughout, {(wall - lost) / 1e3:.1f} us")
+    print(f"{'kernel < the one before':<60}{'n':>4}{'crit us':>9}{'share':>7}{'DRAM %':>8}{'below steady, us':>18}")
+    for key, n, crit, pct, below in rows:
+        print(f"{key:<60}{n:>4}{crit / 1e3:>9.1f}{100 * crit / wall:>6.1f}%{pct:>8.1f}{below / 1e3:>18.1f}")
     # One layer's samples, each labelled with the kernel whose critical stretch holds it. A kernel's
     # start in the report is its launch (with PDL, long before it runs), so stretches go by ends.
     ends = [e for _, _, e in kernels]
     per_layer = 5  # qkv, attention, o, gate/up, down, after the step's first kernel
-    first = 1 + per_layer * args.layer
+    first = 1 + per_layer * layer
     if first + per_layer >= len(kernels):
         return
     lo, hi = ends[first - 1], ends[first + per_layer - 1]
-    print(f"\nlayer {args.layer}: its samples, us from the step's start, and the kernel extending the step in each")
+    print(f"\nlayer {layer}: its samples, us from the step's start, and the kernel extending the step in each")
     for i in range(len(times) - 1):
         mid = (times[i] + times[i + 1]) // 2
         if lo <= mid <= hi:
@@ -141,7 +149,7 @@ def read(args: argparse.Namespace) -> None:
             print(f"{(times[i] - t0) / 1e3:8.1f}  {vals}  {short[j]}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="replay the step once in the NVTX range prof_step (under ncu)")
@@ -151,7 +159,7 @@ def main() -> None:
     d = sub.add_parser("read", help="the DRAM read rate per kernel and one layer's samples, from ncu's report")
     d.add_argument("report")
     d.add_argument("--layer", type=int, default=10)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.cmd == "run" and (args.batch < 1 or args.context < 1):
         ap.error(f"--batch {args.batch}, --context {args.context}: both at least 1")
     run(args) if args.cmd == "run" else read(args)

@@ -25,6 +25,7 @@ from shardline.model.random_weights import SHAPES
 
 LINEARS = ("qkv_proj", "o_proj", "up_proj", "down_proj", "lm_head")
 
+
 def linear_key(shape: str, linear: str) -> str:
     """The table's key of `linear` in model `shape` at bf16 (gemm_tuning's 'NxK:bfloat16:bfloat16')."""
     n, k = linear_shapes(ModelConfig(**SHAPES[shape]))[linear]

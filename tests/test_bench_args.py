@@ -215,14 +215,8 @@ def test_dram_timeline_weights_each_sample_by_its_overlap(capsys):
     assert dram_timeline.mean_over(times, values, 5, 15) == pytest.approx(50.0)  # half of each of two samples
     assert dram_timeline.mean_over(times, values, 15, 20) == pytest.approx(10.0)
     assert dram_timeline.mean_over(times, values, 40, 50) is None
-    import sys
-    argv = sys.argv
-    sys.argv = ["dram_timeline", "run", "--batch", "0"]
-    try:
-        with pytest.raises(SystemExit):
-            dram_timeline.main()
-    finally:
-        sys.argv = argv
+    with pytest.raises(SystemExit):
+        dram_timeline.main(["run", "--batch", "0"])
     assert "--batch 0" in capsys.readouterr().err
     # Without Nsight Compute the module is what is missing; with it, the report.
     with pytest.raises(SystemExit, match="needs Nsight Compute's ncu_report|missing.ncu-rep does not exist"):
@@ -255,3 +249,30 @@ def test_chain_bench_matches_the_two_ring_kernels_bit_for_bit(form):
     for _ in range(2):
         got, want = chain_bench.chain(xa, wa, wb, **form), chain_bench.two_kernels(xa, wa, wb)
         assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_dram_timeline_report_charges_each_kernel_from_the_previous_end(capsys):
+    """dram_timeline.report on a made-up step of two layers (samples 10 µs apart; the data ncu's
+    report would give `load`): each kernel kind's stretch runs from the previous kernel's end to its
+    own, its DRAM rate is the stretch's weighted mean, and the time below the steady rate (the
+    samples' 90th percentile, here 100%) adds up to what the step loses."""
+    from benchmarks import dram_timeline
+    names = ["embed", "qkv", "attn", "o", "up", "down", "qkv", "attn", "o", "up", "down"]
+    ends = [1000 * e for e in (10, 30, 40, 50, 70, 80, 100, 110, 120, 140, 150)]  # ns
+    kernels = [(n, 0, e) for n, e in zip(names, ends)]
+    times = list(range(0, 160_000, 10_000))
+    # DRAM idles in the samples that start at 30, 80, 100 and 150 µs, else it reads at 100%.
+    values = [0.0 if t in (30_000, 80_000, 100_000, 150_000) else 100.0 for t in times]
+    series = {label: (times, values) for label in dram_timeline.SERIES}
+    dram_timeline.report(series, kernels, layer=0)
+    out = capsys.readouterr().out
+    assert "11 kernels, 150.0 us" in out and "steady rate (the samples' 90th percentile) 100.0%" in out
+    rows = {line.split()[0] + " < " + line.split()[2]: line.split() for line in out.splitlines() if " < " in line
+            and not line.startswith("kernel")}
+    # attention after qkv: its stretches [30, 40) and [100, 110) are both idle samples
+    assert rows["attn < qkv"][3:4] == ["2"] and float(rows["attn < qkv"][6]) == 0.0
+    # qkv after down: [80, 100) half idle at its start, [10, 30) after embed is busy
+    assert float(rows["qkv < down"][6]) == pytest.approx(50.0)
+    # lost: attention's two idle stretches (10 µs each) and the second qkv's idle half (10 µs)
+    assert "below the steady rate: 30.0 us of the step; at that rate throughout, 120.0 us" in out
+    assert "layer 0: its samples" in out and out.rstrip().splitlines()[-1].endswith("down")
