@@ -23,23 +23,25 @@ from shardline.stage_worker.pipeline import generate_local
 
 pytestmark = pytest.mark.slow
 PROMPTS = [[1, 5, 9, 13 + i] for i in range(8)]
-MAX_TOKENS = 48
 
 
 # A drain timeout of 0 hands back at once: any positive one races the replica, which on a fast
-# machine finishes its 48 tokens within a fraction of a second (CI once did, within 0.2 s).
-@pytest.mark.parametrize("drain_timeout_s,how", [(30.0, "finished in place"), (0.0, "handed back, resumed")])
-def test_sigterm_to_a_stage0_replica_loses_no_request(tmp_path, drain_timeout_s, how):
+# machine finishes 48 tokens within a fraction of a second (CI once did, within 0.2 s). The
+# hand-back case also asks for 200 tokens: once CI's machine finished all 48 between the signal
+# and the abort. 8 sequences of 204 tokens take 104 of the 128 blocks when all resume on one replica.
+@pytest.mark.parametrize("drain_timeout_s,max_tokens,how",
+                         [(30.0, 48, "finished in place"), (0.0, 200, "handed back, resumed")])
+def test_sigterm_to_a_stage0_replica_loses_no_request(tmp_path, drain_timeout_s, max_tokens, how):
     config = ClusterConfig(pp=2, replicas=2, num_blocks=128, grpc_port=free_port(), workdir=str(tmp_path),
                            drain_timeout_s=drain_timeout_s)
     with LocalCluster(config) as cluster, Client(cluster.gateway_address, timeout=120) as client:
-        sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, seed=3, ignore_eos=True)
+        sampling = SamplingParams(max_tokens=max_tokens, temperature=0.9, seed=3, ignore_eos=True)
         want = generate_local(cluster.model_dir, PROMPTS, sampling, EngineConfig(num_blocks=128))
         running: set[int] = set()
 
         def stream(i: int, p: list[int]) -> list[int]:
             out = []
-            for d in client.stream(p, max_tokens=MAX_TOKENS, temperature=0.9, seed=3, ignore_eos=True):
+            for d in client.stream(p, max_tokens=max_tokens, temperature=0.9, seed=3, ignore_eos=True):
                 out.extend(d.token_ids)
                 if len(out) >= 2:
                     running.add(i)
