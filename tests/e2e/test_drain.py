@@ -59,7 +59,9 @@ def test_sigterm_to_a_stage0_replica_loses_no_request(tmp_path, drain_timeout_s,
             got = [f.result(timeout=120) for f in futures]
         assert got == want, f"SIGTERM ({how}) changed or lost tokens"
         resumed = "resume 1/" in (cluster.logdir / "gateway.log").read_text()
-        assert resumed == (drain_timeout_s < 1), f"this case is about sequences being {how}"
+        victim_log = (cluster.logdir / "stage0-replica0-rank0.log").read_text().splitlines()[-15:]
+        assert resumed == (drain_timeout_s < 1), \
+            f"this case is about sequences being {how}; the victim's log ends:\n" + "\n".join(victim_log)
         assert victim.wait(timeout=60) == 0, "a drained replica exits cleanly"
         live = {r.replica_id for r in Registry.from_url(cluster.redis_url).replicas(cluster.model_name, stage=0)}
         assert live == {"stage0-replica1"}, "the drained replica must deregister"
