@@ -3,6 +3,8 @@
     GET  /v1/models
     POST /v1/completions        {"model", "prompt": str | [int], "max_tokens", "temperature", "top_p",
                                  "top_k", "seed", "stop": str | [str], "stream", "ignore_eos", "user"}
+                                (logprobs, echo, best_of, penalties, logit_bias, tools, ... : 400
+                                 unless left at the value that changes nothing)
     POST /v1/chat/completions   {"model", "messages": [{"role", "content"}], ... as above}
     GET  /health                200 once a route exists, else 503 (readiness)
 
@@ -98,7 +100,29 @@ def error_body(e: HttpError) -> dict:
     return {"error": {"message": e.message, "type": e.kind, "code": e.status}}
 
 
+# OpenAI fields that would change the answer and that shardline does not implement, with the values
+# that leave the answer as it is. A request that sets one to anything else is refused (400) rather
+# than answered as if the field were absent: a client asking for logprobs must not get null.
+NOT_IMPLEMENTED = {
+    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+    "suffix": (None, ""), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1), "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
+    "response_format": (None, {"type": "text"}),
+}
+
+
+def _refuse_not_implemented(body: dict) -> None:
+    for name, neutral in NOT_IMPLEMENTED.items():
+        value = body.get(name)
+        # bool is an int: True must not pass as a best_of of 1, nor False as a penalty of 0
+        if not any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in neutral):
+            shown = " or ".join(json.dumps(v) for v in neutral if v is not None)
+            raise InvalidArgument(f"{name} is not supported (got {json.dumps(value)}); omit it or set it to {shown}")
+
+
 def _parse_input(body: dict, chat: bool) -> GenerateInput:
+    _refuse_not_implemented(body)
+
     def typed(name, types, default=None):
         value = body.get(name, default)
         if value is not None and (not isinstance(value, types) or isinstance(value, bool) and bool not in types):

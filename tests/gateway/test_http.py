@@ -44,8 +44,10 @@ def test_completions_models_and_chat(bench, model_name):
     assert status == 200 and [m["id"] for m in models["data"]] == [model_name]
     with Client(f"127.0.0.1:{gw.port}", timeout=30) as client:
         want = client.generate("hello world", max_tokens=12, temperature=0.0)
+    # unimplemented fields at the values that change nothing (as some clients send them) are accepted
     status, _, body = post(port, "/v1/completions", {"model": model_name, "prompt": "hello world", "max_tokens": 12,
-                                                     "temperature": 0})
+                                                     "temperature": 0, "logprobs": None, "echo": False,
+                                                     "presence_penalty": 0, "frequency_penalty": 0.0})
     assert status == 200 and body["object"] == "text_completion"
     assert body["choices"][0]["text"] == want.text and body["choices"][0]["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": want.usage.prompt_tokens, "completion_tokens": 12,
@@ -82,7 +84,13 @@ def test_errors_map_to_http_statuses(bench, model_name):
              ({"prompt": "hi", "model": "nope"}, 404, "model 'nope' is unknown"),
              ({"prompt": {"a": 1}}, 400, "prompt must be"),
              ({"prompt": "hi", "n": 2}, 400, "n must be 1"),
-             ({"prompt": "hi", "max_tokens": "3"}, 400, "max_tokens must be int")]
+             ({"prompt": "hi", "max_tokens": "3"}, 400, "max_tokens must be int"),
+             # fields that would change the answer and are not implemented are refused, not ignored
+             ({"prompt": "hi", "logprobs": 2}, 400, "logprobs is not supported (got 2); omit it"),
+             ({"prompt": "hi", "echo": True}, 400, "echo is not supported"),
+             ({"prompt": "hi", "best_of": True}, 400, "best_of is not supported (got true)"),
+             ({"prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty is not supported"),
+             ({"prompt": "hi", "response_format": {"type": "json_object"}}, 400, 'set it to {"type": "text"}')]
     for body, status, needle in cases:
         got, _, error = post(port, "/v1/completions", body)
         assert got == status and needle in error["error"]["message"], (body, got, error)
