@@ -94,24 +94,43 @@ def build_request(prompt: str | Sequence[int] | Sequence[dict], *, model: str = 
                   seed: int | None = None, stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
                   ignore_eos: bool = False, request_id: str | None = None) -> gateway_pb2.GenerateRequest:
     """prompt: text, token ids, or chat messages ([{"role": ..., "content": ...}]). The request id is
-    chosen here when not given, so that retries reuse it."""
-    r = gateway_pb2.GenerateRequest(model=model, top_k=top_k, stop=list(stop), stop_token_ids=list(stop_token_ids),
-                                    ignore_eos=ignore_eos, request_id=request_id or uuid.uuid4().hex)
+    chosen here when not given, so that retries reuse it. A value the wire cannot carry (a negative
+    seed, an id past int32, a string for a number) raises ValueError naming the parameter; the
+    gateway checks the rest and answers INVALID_ARGUMENT."""
+    r = gateway_pb2.GenerateRequest(request_id=request_id or uuid.uuid4().hex)
+    for name, value in (("model", model), ("top_k", top_k), ("ignore_eos", ignore_eos), ("max_tokens", max_tokens),
+                        ("temperature", temperature), ("top_p", top_p), ("seed", seed)):
+        if value is not None:
+            _on_wire(name, value, lambda: setattr(r, name, value))
+    _on_wire("stop", stop, lambda: r.stop.extend(stop))
+    _on_wire("stop_token_ids", stop_token_ids, lambda: r.stop_token_ids.extend(stop_token_ids))
     if isinstance(prompt, str):
         r.prompt_text = prompt
     elif prompt and all(isinstance(m, dict) for m in prompt):
         r.chat.messages.extend(common_pb2.ChatMessage(role=m["role"], content=m.get("content", "")) for m in prompt)
     elif all(isinstance(t, int) for t in prompt):
-        r.prompt_token_ids.ids.extend(prompt)
+        _on_wire("prompt token ids", prompt, lambda: r.prompt_token_ids.ids.extend(prompt))
         if not prompt:
             r.prompt_token_ids.SetInParent()  # an empty id list is still "this form": the server names it
     else:
         raise TypeError("prompt must be a str, a list of token ids, or a list of {'role', 'content'} messages")
-    for name, value in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
-                        ("seed", seed)):
-        if value is not None:
-            setattr(r, name, value)
     return r
+
+
+_WIRE_FORMS = {"model": "a str", "top_k": "an int (0 = off)", "ignore_eos": "a bool", "max_tokens": "a positive int",
+               "temperature": "a number", "top_p": "a number in (0, 1]", "seed": "an int in 0..2**63-1",
+               "stop": "a list of str", "stop_token_ids": "a list of token ids (int32)",
+               "prompt token ids": "a list of token ids (int32)"}
+
+
+def _on_wire(name: str, value, put) -> None:
+    """Run put(), which writes `value` into a protobuf field, turning protobuf's range and type
+    errors (which do not say which field) into a ValueError that does."""
+    try:
+        put()
+    except (ValueError, TypeError) as e:
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        raise ValueError(f"{name} must be {_WIRE_FORMS[name]}; got {shown} ({e})") from None
 
 
 def usage_from_wire(u: common_pb2.Usage) -> Usage:

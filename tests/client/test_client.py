@@ -185,3 +185,22 @@ def test_retry_delay_rules():
     assert retry_delay(InvalidArgument("x"), 1, False, policy, no_deadline) is None
     assert retry_delay(Unavailable("x"), 1, False, policy, Deadline(0.5)) is None, "no sleep past the deadline"
     assert RetryPolicy(initial_backoff_s=1, max_backoff_s=2, multiplier=10, jitter=0).backoff_s(3) == 2
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"seed": -5}, "seed must be an int in 0..2**63-1; got -5"),
+    ({"max_tokens": 2**40}, "max_tokens must be a positive int; got 1099511627776"),
+    ({"temperature": "hot"}, "temperature must be a number; got 'hot'"),
+    ({"stop": [3]}, "stop must be a list of str"),
+    ({"prompt": [1, 2**40]}, "prompt token ids must be a list of token ids (int32)"),
+])
+def test_a_value_the_wire_cannot_carry_names_its_parameter(fake, kwargs, needle):
+    prompt = kwargs.pop("prompt", "hi")
+    with Client(fake.address, retry=FAST) as client:
+        with pytest.raises(ValueError) as e:
+            client.generate(prompt, **kwargs)
+        assert needle in str(e.value)
+        with pytest.raises(ValueError):
+            list(client.stream(prompt, **kwargs))
+        assert fake.calls == [], "nothing is sent"
+        assert client.generate("hi").text, "the client keeps working"
