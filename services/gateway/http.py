@@ -120,33 +120,46 @@ def _refuse_not_implemented(body: dict) -> None:
             raise InvalidArgument(f"{name} is not supported (got {json.dumps(value)}); omit it or set it to {shown}")
 
 
+def _typed(body: dict, name: str, types: tuple, default=None):
+    """body[name] if it is one of `types` (a bool is not taken for an int), default if absent or null."""
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, types) or isinstance(value, bool) and bool not in types:
+        raise InvalidArgument(f"{name} must be {' or '.join(t.__name__ for t in types)}, got {json.dumps(value)}")
+    return value
+
+
+def _list_of(body: dict, name: str, kind: type, what: str) -> list:
+    values = _typed(body, name, (list,), [])
+    if not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
+        raise InvalidArgument(f"{name} must be a list of {what}, got {json.dumps(values)[:200]}")
+    return values
+
+
 def _parse_input(body: dict, chat: bool) -> GenerateInput:
     _refuse_not_implemented(body)
-
-    def typed(name, types, default=None):
-        value = body.get(name, default)
-        if value is not None and (not isinstance(value, types) or isinstance(value, bool) and bool not in types):
-            raise InvalidArgument(f"{name} must be {' or '.join(t.__name__ for t in types)}, got {value!r}")
-        return value
-
-    if typed("n", (int,), 1) != 1:
+    if _typed(body, "n", (int,), 1) != 1:
         raise InvalidArgument("n must be 1: one completion per request")
-    stop = typed("stop", (str, list), [])
-    stop = [stop] if isinstance(stop, str) else stop
-    max_tokens = typed("max_tokens", (int,))
+    stop = _typed(body, "stop", (str, list), [])
+    stop = [stop] if isinstance(stop, str) else _list_of(body, "stop", str, "strings")
+    max_tokens = _typed(body, "max_tokens", (int,))
     if max_tokens is None:
-        max_tokens = typed("max_completion_tokens", (int,))  # the newer chat name
+        max_tokens = _typed(body, "max_completion_tokens", (int,))  # the newer chat name
     req = GenerateInput(
-        model=typed("model", (str,), ""), max_tokens=max_tokens,
-        temperature=typed("temperature", (int, float)), top_k=typed("top_k", (int,), 0) or 0,
-        top_p=typed("top_p", (int, float)), seed=typed("seed", (int,)), stop=[str(s) for s in stop],
-        stop_token_ids=typed("stop_token_ids", (list,), []), ignore_eos=bool(body.get("ignore_eos", False)),
-        request_id=typed("request_id", (str,), ""))
+        model=_typed(body, "model", (str,), ""), max_tokens=max_tokens,
+        temperature=_typed(body, "temperature", (int, float)), top_k=_typed(body, "top_k", (int,), 0),
+        top_p=_typed(body, "top_p", (int, float)), seed=_typed(body, "seed", (int,)), stop=stop,
+        stop_token_ids=_list_of(body, "stop_token_ids", int, "token ids"),
+        ignore_eos=_typed(body, "ignore_eos", (bool,), False), request_id=_typed(body, "request_id", (str,), ""))
     if chat:
-        messages = typed("messages", (list,), [])
-        if not all(isinstance(m, dict) for m in messages):
-            raise InvalidArgument("messages must be a list of {\"role\": ..., \"content\": ...} objects")
-        req.chat = [{"role": str(m.get("role", "")), "content": _content_text(m.get("content"))} for m in messages]
+        messages = _typed(body, "messages", (list,), [])
+        if not messages or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and m["role"]
+                                   for m in messages):
+            hint = " (prompt is for /v1/completions)" if "prompt" in body else ""
+            raise InvalidArgument('messages must be a non-empty list of {"role": ..., "content": ...} objects'
+                                  + hint)
+        req.chat = [{"role": m["role"], "content": _content_text(m.get("content"))} for m in messages]
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -156,8 +169,15 @@ def _parse_input(body: dict, chat: bool) -> GenerateInput:
         elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             req.prompt_token_ids = prompt
         else:
-            raise InvalidArgument("prompt must be a string or a list of token ids (one prompt per request)")
+            hint = " (messages are for /v1/chat/completions)" if prompt is None and "messages" in body else ""
+            raise InvalidArgument("prompt must be a string or a list of token ids (one prompt per request)" + hint)
     return req
+
+
+def _stream_flags(body: dict) -> tuple[bool, bool]:
+    """(stream, stream_options.include_usage), checked before the request is submitted."""
+    options = _typed(body, "stream_options", (dict,), {})
+    return _typed(body, "stream", (bool,), False), _typed(options, "include_usage", (bool,), False)
 
 
 def _content_text(content) -> str:
@@ -215,6 +235,12 @@ class HttpFrontDoor:
             return await handler(request, writer)
         except GatewayError as e:
             raise http_error(e) from e
+        except (HttpError, ConnectionError, asyncio.IncompleteReadError):
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug answers 500 and leaves the server running
+            log.exception("%s %s failed", request.method, request.path)
+            raise HttpError(500, f"internal error ({type(e).__name__}: {e}); the gateway log has the traceback",
+                            kind="internal_error") from e
 
     async def _health(self, request: Request, writer) -> bool:
         status = 200 if self.gateway.is_serving else 503
@@ -241,13 +267,13 @@ class HttpFrontDoor:
             raise HttpError(400, f"the request body is not JSON: {e}")
         if not isinstance(body, dict):
             raise HttpError(400, "the request body must be a JSON object")
-        generation = await self.gateway.submit(_parse_input(body, chat))
+        req, (stream, include_usage) = _parse_input(body, chat), _stream_flags(body)
+        generation = await self.gateway.submit(req)
         envelope = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{generation.request_id}",
                     "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                     "model": generation.model}
         async with aclosing(generation.events()) as events:
-            if body.get("stream"):
-                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            if stream:
                 await self._stream(events, writer, envelope, chat, include_usage)
                 return False
             text, complete = [], None
@@ -296,6 +322,11 @@ class HttpFrontDoor:
                         await send({**envelope, "choices": [], "usage": _usage(event)})
         except GatewayError as e:  # the status line is sent: the error goes in the stream
             await send(error_body(http_error(e)))
+        except (ConnectionError, asyncio.IncompleteReadError):
+            raise
+        except Exception as e:  # noqa: BLE001 - as in _dispatch, but the status line is sent
+            log.exception("stream %s failed", envelope["id"])
+            await send(error_body(HttpError(500, f"internal error ({type(e).__name__}: {e})", kind="internal_error")))
         writer.write(b"data: [DONE]\n\n")
 
 

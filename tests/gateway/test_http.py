@@ -90,10 +90,22 @@ def test_errors_map_to_http_statuses(bench, model_name):
              ({"prompt": "hi", "echo": True}, 400, "echo is not supported"),
              ({"prompt": "hi", "best_of": True}, 400, "best_of is not supported (got true)"),
              ({"prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty is not supported"),
-             ({"prompt": "hi", "response_format": {"type": "json_object"}}, 400, 'set it to {"type": "text"}')]
+             ({"prompt": "hi", "response_format": {"type": "json_object"}}, 400, 'set it to {"type": "text"}'),
+             # every field is typed before the request is submitted: no truthy strings, no crashes
+             ({"prompt": "hi", "stream": "yes"}, 400, 'stream must be bool, got "yes"'),
+             ({"prompt": "hi", "ignore_eos": "no"}, 400, 'ignore_eos must be bool, got "no"'),
+             ({"prompt": "hi", "stream": True, "stream_options": 5}, 400, "stream_options must be dict, got 5"),
+             ({"prompt": "hi", "stream_options": {"include_usage": 1}}, 400, "include_usage must be bool"),
+             ({"prompt": "hi", "stop_token_ids": ["a"]}, 400, 'stop_token_ids must be a list of token ids, got ["a"]'),
+             ({"prompt": "hi", "stop": ["a", 3]}, 400, "stop must be a list of strings"),
+             ({"messages": [{"role": "user", "content": "hi"}]}, 400, "(messages are for /v1/chat/completions)")]
     for body, status, needle in cases:
         got, _, error = post(port, "/v1/completions", body)
         assert got == status and needle in error["error"]["message"], (body, got, error)
+    for body, needle in [({"prompt": "hi"}, "(prompt is for /v1/completions)"),
+                         ({"messages": [{"content": "hi"}]}, "messages must be a non-empty list of")]:
+        got, _, error = post(port, "/v1/chat/completions", body)
+        assert got == 400 and needle in error["error"]["message"], (body, got, error)
     got, _, error = post(port, "/v1/completions", b"{not json")
     assert got == 400 and "not JSON" in error["error"]["message"]
     got, _, _ = post(port, "/v1/nothing", {})
@@ -127,3 +139,17 @@ def test_sse_client_disconnect_cancels_downstream(bench, model_name):
     bench.wait_until(lambda: "http-gone" in fake.cancelled, what="stage 0 stream closed after the HTTP client left")
     with Client(f"127.0.0.1:{gw.port}", timeout=10) as client:
         bench.wait_until(lambda: client.get_request("http-gone").state == "cancelled", what="record CANCELLED")
+
+
+def test_a_bug_answers_500_and_the_server_keeps_serving(bench, model_name):
+    bench.route(model_name)
+    gw = bench.start_gateway(model_names=(model_name,), http_port=0)
+
+    async def broken_list_models():  # a fake bug: what is under test is the front door's answer to one
+        raise RuntimeError("fake bug for the test")
+
+    gw.gateway.list_models = broken_list_models
+    status, _, error = post(gw.http_port, "/v1/models", None, method="GET")
+    assert status == 500 and error["error"]["message"].startswith("internal error (RuntimeError: fake bug")
+    status, _, body = post(gw.http_port, "/v1/completions", {"prompt": "hi", "max_tokens": 3})
+    assert status == 200 and body["usage"]["completion_tokens"] == 3
