@@ -137,7 +137,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 request_id=request_id, error=gateway_pb2.StreamError(code=e.code.name, message=e.message))
 
     async def Cancel(self, request, context):
-        cancelled, state = await self.gateway.cancel(request.request_id)
+        try:
+            cancelled, state = await self.gateway.cancel(request.request_id)
+        except GatewayError as e:
+            await abort(context, e)
         return gateway_pb2.CancelResponse(cancelled=cancelled, state=STATE_WIRE.get(state, 0))
 
     async def GetRequest(self, request, context):

@@ -33,7 +33,7 @@ from .records import RecordStore, RequestRecord
 from .routing import ModelView, Route, RouteChooser, models_view
 from .stage_client import StageChannels
 from .tokenizer_client import TokenizerClient
-from .validation import GenerateInput, check_fields, check_token_ids, fit_context, resolve_sampling
+from .validation import GenerateInput, check_fields, check_request_id, check_token_ids, fit_context, resolve_sampling
 
 log = logging.getLogger("shardline.gateway")
 
@@ -163,6 +163,7 @@ class Gateway:
     async def cancel(self, request_id: str) -> tuple[bool, str]:
         """(cancelled, state as recorded before the cancel). Works for requests another gateway
         replica runs: the cancel is published to every replica through Redis."""
+        check_request_id(request_id)
         generation = self._active.get(request_id)
         if generation is not None:
             generation.cancel()
@@ -179,6 +180,7 @@ class Gateway:
         return False, record.state
 
     async def get_request(self, request_id: str) -> RequestRecord:
+        check_request_id(request_id)
         try:
             record = await self.records.get(request_id)
         except RedisError as e:

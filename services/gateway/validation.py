@@ -58,10 +58,17 @@ def check_fields(req: GenerateInput) -> None:
     for i, s in enumerate(req.stop):
         if not s or len(s) > MAX_STOP_STRING_CHARS:
             raise InvalidArgument(f"stop[{i}] must be 1..{MAX_STOP_STRING_CHARS} characters long")
-    if req.request_id and not REQUEST_ID_PATTERN.match(req.request_id):
-        raise InvalidArgument(f"request_id {req.request_id[:200]!r} must be 1..128 characters of "
-                              "letters, digits and ._:-")
+    if req.request_id:
+        check_request_id(req.request_id)
     sampling_params(req, max_tokens=1)  # the sampling ranges, before any work is done
+
+
+def check_request_id(request_id: str) -> None:
+    if not request_id:
+        raise InvalidArgument("request_id is empty; give the id that Generate returned (or that you chose)")
+    if not REQUEST_ID_PATTERN.match(request_id):
+        raise InvalidArgument(f"request_id {request_id[:200]!r} must be 1..128 characters of letters, digits "
+                              "and ._:-")
 
 
 def sampling_params(req: GenerateInput, max_tokens: int, seed: int | None = None) -> SamplingParams:

@@ -65,6 +65,14 @@ def test_request_record_in_redis(bench, model_name, redis_server):
     with Client(f"127.0.0.1:{gw.port}", timeout=5) as client, pytest.raises(ShardlineError) as e:
         client.get_request("never-seen")
     assert e.value.code == "NOT_FOUND"
+    with Client(f"127.0.0.1:{gw.port}", timeout=5) as client:
+        for call, request_id, needle in [(client.get_request, "", "request_id is empty"),
+                                         (client.cancel, "", "request_id is empty"),
+                                         (client.cancel, "no spaces", "must be 1..128 characters")]:
+            with pytest.raises(ShardlineError) as e:
+                call(request_id)
+            assert e.value.code == "INVALID_ARGUMENT" and needle in e.value.message, (request_id, e.value)
+        assert client.get_request("rec-1").state == "finished", "the gateway keeps answering"
 
 
 def test_running_requests_progress_reaches_redis_in_batched_writes(bench, model_name, redis_server):
