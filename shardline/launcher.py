@@ -100,6 +100,15 @@ class ClusterConfig:
     drain_timeout_s: float = 30.0  # how long a stage worker finishes its sequences after SIGTERM
     extra_env: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """The flags no process needs to see to refuse: checked before anything starts."""
+        for flag, value in (("--tp", self.tp), ("--pp", self.pp), ("--replicas", self.replicas)):
+            if value < 1:
+                raise ConfigError(f"{flag} {value} must be >= 1")
+        for flag, port in (("--grpc-port", self.grpc_port), ("--http-port", self.http_port)):
+            if port is not None and not 0 <= port <= 65535:
+                raise ConfigError(f"{flag} {port} must be in 0..65535 (0 = any free port)")
+
 
 class LocalCluster:
     def __init__(self, config: ClusterConfig) -> None:
@@ -319,12 +328,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = ClusterConfig(model=args.model, tiny_family=args.tiny_family, model_name=args.model_name, tp=args.tp,
-                           pp=args.pp, replicas=args.replicas,
-                           dtype=args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32"),
-                           device=args.device, grpc_port=args.grpc_port, http_port=args.http_port,
-                           redis_url=args.redis_url, workdir=args.workdir,
-                           num_blocks=None if args.device.startswith("cuda") else 256)
+    try:
+        config = ClusterConfig(model=args.model, tiny_family=args.tiny_family, model_name=args.model_name,
+                               tp=args.tp, pp=args.pp, replicas=args.replicas,
+                               dtype=args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32"),
+                               device=args.device, grpc_port=args.grpc_port, http_port=args.http_port,
+                               redis_url=args.redis_url, workdir=args.workdir,
+                               num_blocks=None if args.device.startswith("cuda") else 256)
+    except ConfigError as e:
+        print(f"shardline up: error: {e}", file=sys.stderr)
+        return 2
     cluster = LocalCluster(config)
     print(f"shardline: starting tp={config.tp} pp={config.pp} replicas={config.replicas} in {cluster.workdir}",
           flush=True)

@@ -1,0 +1,25 @@
+"""`shardline up` refuses bad flags in one line, exit 2, before it starts or writes anything."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+
+from shardline.cli import main
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--replicas", "0"], "--replicas 0 must be >= 1"),
+    (["--tp", "0"], "--tp 0 must be >= 1"),
+    (["--pp", "-1"], "--pp -1 must be >= 1"),
+    (["--grpc-port", "70000"], "--grpc-port 70000 must be in 0..65535"),
+    (["--http-port", "-1"], "--http-port -1 must be in 0..65535"),
+])
+def test_bad_flags_exit_2_before_anything_starts(tmp_path, monkeypatch, capsys, flags, message):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the cluster's workdir would go
+    assert main(["up", *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"shardline up: error: {message}") and captured.err.count("\n") == 1
+    assert captured.out == "", "nothing is started, so nothing says it is starting"
+    assert list(tmp_path.iterdir()) == [], "no work directory for a refused run"
