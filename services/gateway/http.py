@@ -102,9 +102,10 @@ def error_body(e: HttpError) -> dict:
 
 # OpenAI fields that would change the answer and that shardline does not implement, with the values
 # that leave the answer as it is. A request that sets one to anything else is refused (400) rather
-# than answered as if the field were absent: a client asking for logprobs must not get null.
+# than answered as if the field were absent: a client asking for logprobs must not get null (and a
+# completions logprobs of 0 asks for the chosen tokens' logprobs, so only null and false are neutral).
 NOT_IMPLEMENTED = {
-    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
     "suffix": (None, ""), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
     "repetition_penalty": (None, 1), "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
     "response_format": (None, {"type": "text"}),

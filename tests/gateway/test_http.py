@@ -87,6 +87,7 @@ def test_errors_map_to_http_statuses(bench, model_name):
              ({"prompt": "hi", "max_tokens": "3"}, 400, "max_tokens must be int"),
              # fields that would change the answer and are not implemented are refused, not ignored
              ({"prompt": "hi", "logprobs": 2}, 400, "logprobs is not supported (got 2); omit it"),
+             ({"prompt": "hi", "logprobs": 0}, 400, "logprobs is not supported (got 0); omit it or set it to false"),
              ({"prompt": "hi", "echo": True}, 400, "echo is not supported"),
              ({"prompt": "hi", "best_of": True}, 400, "best_of is not supported (got true)"),
              ({"prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty is not supported"),
