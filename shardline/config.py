@@ -234,6 +234,29 @@ def split_layers(num_layers: int, pp: int, stage_layers: list[int] | None = None
     return ranges
 
 
+def check_device(device: str, *, here: bool = False) -> None:
+    """cpu, cuda or cuda:N; here: also a CUDA device visible on this machine (where a process is
+    about to run on it; a config may describe another machine). Imports torch only when not cpu."""
+    if device == "cpu":
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"--device {device!r} is not a device; use cpu, cuda or cuda:N") from None
+    if dev.type != "cuda":
+        raise ConfigError(f"--device {device!r}: shardline runs on cpu or cuda (cuda:N)")
+    if not here:
+        return
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ConfigError(f"--device {device} but no CUDA GPU is visible here (torch.cuda.is_available() is "
+                          "False); use --device cpu, or check the driver and CUDA_VISIBLE_DEVICES")
+    if dev.index is not None and dev.index >= count:
+        raise ConfigError(f"--device {device} but {count} CUDA GPU(s) are visible: cuda:0..cuda:{count - 1}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How a stage runs: cache geometry, batch limits, device. Validated on construction."""
@@ -269,3 +292,4 @@ class EngineConfig:
             raise ConfigError(f"max_num_seqs {self.max_num_seqs} must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ConfigError(f"max_num_batched_tokens {self.max_num_batched_tokens} must be >= 1")
+        check_device(self.device)

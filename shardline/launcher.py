@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from shardline.config import ConfigError
+from shardline.config import ConfigError, check_device
 from shardline.manifest import Manifest, is_converted
 
 
@@ -108,6 +108,7 @@ class ClusterConfig:
         for flag, port in (("--grpc-port", self.grpc_port), ("--http-port", self.http_port)):
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigError(f"{flag} {port} must be in 0..65535 (0 = any free port)")
+        check_device(self.device, here=True)
 
 
 class LocalCluster:

@@ -23,3 +23,21 @@ def test_bad_flags_exit_2_before_anything_starts(tmp_path, monkeypatch, capsys, 
     assert captured.err.startswith(f"shardline up: error: {message}") and captured.err.count("\n") == 1
     assert captured.out == "", "nothing is started, so nothing says it is starting"
     assert list(tmp_path.iterdir()) == [], "no work directory for a refused run"
+
+
+@pytest.mark.parametrize("device,message", [
+    ("tpu", "--device 'tpu' is not a device; use cpu, cuda or cuda:N"),
+    ("mps", "--device 'mps': shardline runs on cpu or cuda (cuda:N)"),
+])
+def test_a_device_shardline_does_not_run_on_is_refused(capsys, device, message):
+    assert main(["up", "--device", device]) == 2
+    assert capsys.readouterr().err == f"shardline up: error: {message}\n"
+
+
+def test_cuda_without_a_visible_gpu_is_refused(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible here; the check is for machines without one")
+    assert main(["up", "--device", "cuda"]) == 2
+    assert "--device cuda but no CUDA GPU is visible here" in capsys.readouterr().err

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from shardline.config import ConfigError, EngineConfig
+from shardline.config import ConfigError, EngineConfig, check_device
 from shardline.manifest import Manifest
 from shardline.sampling import SamplingParams
 
@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--prompt-ids {bad} outside the vocabulary; ids must be in 0..{vocab - 1}")
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                   seed=args.seed, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
+        check_device(args.device, here=True)
         config = EngineConfig(device=args.device)
     except (ConfigError, ValueError) as e:
         print(f"shardline generate: error: {e}", file=sys.stderr)

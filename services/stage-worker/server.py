@@ -23,7 +23,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from shardline.config import ConfigError, EngineConfig
+from shardline.config import ConfigError, EngineConfig, check_device
 from shardline.parallel import init_tp_group, rank_device
 from shardline.registry import Registry, ReplicaInfo
 from shardline.stage_worker.engine import StageEngine, follow
@@ -261,6 +261,7 @@ def parse_args(argv: list[str] | None = None) -> StageWorkerConfig:
     p.add_argument("--orphan-timeout", type=float, default=300.0,
                    help="stages > 0: free the KV of sequences untouched this many seconds (stage 0 died)")
     a = p.parse_args(argv)
+    check_device(a.device, here=True)
     engine = EngineConfig(device=a.device, num_blocks=a.num_blocks, block_size=a.block_size,
                           gpu_memory_fraction=a.gpu_memory_fraction, max_model_len=a.max_model_len,
                           max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, gemm_config=a.gemm_config,
