@@ -47,8 +47,11 @@ class Registry:
         self.redis, self.ttl_s = client, ttl_s
 
     @classmethod
-    def from_url(cls, url: str, ttl_s: float = 5.0) -> "Registry":
-        return cls(redis.Redis.from_url(url, decode_responses=True), ttl_s)
+    def from_url(cls, url: str, ttl_s: float = 5.0, timeout_s: float = 2.0) -> "Registry":
+        """timeout_s: a command or connect that takes longer raises redis.TimeoutError instead of
+        hanging the heartbeat or the gateway's poll on a Redis that stopped answering."""
+        return cls(redis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout_s,
+                                        socket_connect_timeout=timeout_s), ttl_s)
 
     def heartbeat(self, info: ReplicaInfo) -> None:
         """Register or refresh; the key expires if no heartbeat follows within ttl."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import time
@@ -13,12 +14,8 @@ from shardline.launcher import free_port
 from shardline.tiny import make_tiny_hf_model
 
 
-@pytest.fixture(scope="session")
-def redis_server():
-    """A real redis-server on a free port, no persistence; yields its URL (redis://127.0.0.1:PORT/0).
-
-    Tests that share it must use distinct keys (model names, request ids) or flush what they own.
-    """
+def start_redis_server() -> tuple[subprocess.Popen, str]:
+    """A real redis-server on a free port, no persistence: (its process, redis://127.0.0.1:PORT/0)."""
     from shardline.launcher import redis_server_binary
 
     binary = redis_server_binary()  # no skip: the suite is about real Redis; scripts/setup.sh installs it
@@ -35,9 +32,32 @@ def redis_server():
                 proc.kill()
                 raise RuntimeError(f"redis-server did not start on port {port}")
             time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+def stop_redis_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGCONT)  # a test may have left it stopped
     proc.terminate()
     proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A real redis-server shared by the session; yields its URL (redis://127.0.0.1:PORT/0).
+
+    Tests that share it must use distinct keys (model names, request ids) or flush what they own.
+    """
+    proc, url = start_redis_server()
+    yield url
+    stop_redis_server(proc)
+
+
+@pytest.fixture
+def private_redis_server():
+    """A redis-server of this test's own, for tests that stop or kill it; yields (process, URL)."""
+    proc, url = start_redis_server()
+    yield proc, url
+    stop_redis_server(proc)
 
 
 @pytest.fixture(scope="session")

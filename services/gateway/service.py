@@ -56,8 +56,14 @@ class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.gateway_id = uuid.uuid4().hex[:12]
-        self.registry = Registry.from_url(config.redis_url, ttl_s=config.registry_ttl_s)
-        self.redis = aioredis.Redis.from_url(config.redis_url, decode_responses=True)
+        self.registry = Registry.from_url(config.redis_url, ttl_s=config.registry_ttl_s,
+                                          timeout_s=config.redis_timeout_s)
+        self.redis = aioredis.Redis.from_url(config.redis_url, decode_responses=True,
+                                             socket_timeout=config.redis_timeout_s,
+                                             socket_connect_timeout=config.redis_timeout_s)
+        # The cancel subscription waits for messages as long as it must: no read timeout.
+        self._pubsub_redis = aioredis.Redis.from_url(config.redis_url, decode_responses=True,
+                                                     socket_connect_timeout=config.redis_timeout_s)
         self.records = RecordStore(self.redis, config.record_ttl_s, config.active_record_ttl_s)
         self.admission = AdmissionQueue(config.admission)
         self.stages = StageChannels()
@@ -95,6 +101,7 @@ class Gateway:
             await client.close()
         await self.stages.close()
         await self.redis.aclose()
+        await self._pubsub_redis.aclose()
         self.registry.redis.close()
 
     def tokenizer(self, model: str) -> TokenizerClient:
@@ -338,7 +345,7 @@ class Gateway:
         """Cancel requests this replica runs when another replica received their Cancel."""
         while True:
             try:
-                async with self.redis.pubsub() as pubsub:
+                async with self._pubsub_redis.pubsub() as pubsub:
                     await pubsub.subscribe(records.CANCEL_CHANNEL)
                     async for message in pubsub.listen():
                         if message.get("type") == "message":

@@ -183,17 +183,24 @@ class StageWorkerProcess:
             except Exception as e:  # noqa: BLE001 - Redis blips must not kill the replica
                 log.warning("heartbeat failed: %s", e)
 
+    def _tell_registry(self, what: str) -> None:
+        """A Redis that does not answer must not stop the drain: its key expires after the TTL."""
+        if self.registry is None:
+            return
+        try:
+            getattr(self.registry, what)(replica_info(self.worker))
+        except Exception as e:  # noqa: BLE001 - redis errors and timeouts alike
+            log.warning("registry %s failed during shutdown (%s); the key expires after its TTL", what, e)
+
     def shutdown(self) -> None:
         """SIGTERM: stop taking sequences, finish or hand back what runs, deregister, exit."""
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        if self.registry is not None:
-            self.worker.is_draining = True
-            self.registry.heartbeat(replica_info(self.worker))
+        self.worker.is_draining = True
+        self._tell_registry("heartbeat")  # routes avoid a draining replica
         self.worker.drain(self.config.drain_timeout_s)
         self._stop.set()
-        if self.registry is not None:
-            self.registry.deregister(replica_info(self.worker))
+        self._tell_registry("deregister")
         self.worker.stop()
         self.server.stop(grace=2).wait()
 

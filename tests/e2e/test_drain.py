@@ -67,3 +67,21 @@ def test_sigterm_to_a_stage0_replica_loses_no_request(tmp_path, drain_timeout_s,
         assert live == {"stage0-replica1"}, "the drained replica must deregister"
         assert len(client.generate([1, 2, 3], max_tokens=4, ignore_eos=True).token_ids) == 4, \
             "the other replica keeps serving"
+
+
+def test_sigterm_while_redis_is_silent_still_drains_and_exits(tmp_path):
+    """The drain tells the registry twice (draining, then gone); a Redis that does not answer costs
+    each a timeout, not the exit: the key expires after its TTL instead."""
+    config = ClusterConfig(pp=1, replicas=1, num_blocks=64, workdir=str(tmp_path), with_gateway=False,
+                           drain_timeout_s=0.0)
+    with LocalCluster(config) as cluster:
+        redis_proc = cluster.process("redis")
+        redis_proc.send_signal(signal.SIGSTOP)
+        try:
+            victim = cluster.process("stage0-replica0-rank0")
+            victim.send_signal(signal.SIGTERM)
+            assert victim.wait(timeout=30) == 0, "a replica must drain and exit even when Redis is silent"
+        finally:
+            redis_proc.send_signal(signal.SIGCONT)
+        log = (cluster.logdir / "stage0-replica0-rank0.log").read_text()
+        assert "registry heartbeat failed during shutdown" in log, log[-2000:]
