@@ -209,7 +209,11 @@ class HttpFrontDoor:
         try:
             while True:
                 try:
-                    request = await read_request(reader)
+                    try:
+                        request = await asyncio.wait_for(read_request(reader),
+                                                         self.gateway.config.http_idle_timeout_s)
+                    except asyncio.TimeoutError:
+                        return  # idle, or trickling its head: closed without an answer, as servers do
                     if request is None:
                         return
                     keep_alive = await self._dispatch(request, writer)

@@ -6,6 +6,7 @@ import http.client
 import json
 import socket
 import threading
+import time
 
 from shardline.client import Client
 from shardline.gateway.config import AdmissionConfig
@@ -152,5 +153,18 @@ def test_a_bug_answers_500_and_the_server_keeps_serving(bench, model_name):
     gw.gateway.list_models = broken_list_models
     status, _, error = post(gw.http_port, "/v1/models", None, method="GET")
     assert status == 500 and error["error"]["message"].startswith("internal error (RuntimeError: fake bug")
+    status, _, body = post(gw.http_port, "/v1/completions", {"prompt": "hi", "max_tokens": 3})
+    assert status == 200 and body["usage"]["completion_tokens"] == 3
+
+
+def test_idle_and_trickling_connections_are_closed(bench, model_name):
+    bench.route(model_name)
+    gw = bench.start_gateway(model_names=(model_name,), http_port=0, http_idle_timeout_s=0.3)
+    for opening in (b"", b"POST /v1/completions HTTP/1.1\r\nContent-Type: app"):  # idle; a head never finished
+        with socket.create_connection(("127.0.0.1", gw.http_port), timeout=5) as s:
+            s.sendall(opening)
+            start = time.monotonic()
+            assert s.recv(1024) == b"", "the server closes the connection"
+            assert time.monotonic() - start < 3
     status, _, body = post(gw.http_port, "/v1/completions", {"prompt": "hi", "max_tokens": 3})
     assert status == 200 and body["usage"]["completion_tokens"] == 3
