@@ -81,11 +81,40 @@ async def read_request(reader: asyncio.StreamReader) -> Request | None:
         if line:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
-    length = int(headers.get("content-length") or 0)
-    if length > MAX_BODY_BYTES:
-        raise HttpError(413, f"request body of {length} bytes exceeds {MAX_BODY_BYTES}")
-    body = await reader.readexactly(length) if length else b""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        body = await _read_chunked(reader)
+    else:
+        try:
+            length = int(headers.get("content-length") or 0)
+        except ValueError:
+            raise HttpError(400, f"Content-Length {headers['content-length'][:40]!r} is not a number")
+        if length > MAX_BODY_BYTES:
+            raise HttpError(413, f"request body of {length} bytes exceeds {MAX_BODY_BYTES}")
+        body = await reader.readexactly(length) if length > 0 else b""
     return Request(method.upper(), target.split("?", 1)[0], headers, body)
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    """A Transfer-Encoding: chunked body (sizes in hex, a zero-size chunk last, trailers ignored)."""
+    parts, total = [], 0
+    while True:
+        try:
+            line = await reader.readuntil(b"\r\n")
+        except asyncio.LimitOverrunError:
+            raise HttpError(400, "a chunk-size line is too long")
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise HttpError(400, f"malformed chunk size {line[:40]!r}")
+        if size == 0:
+            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, up to the blank line
+                pass
+            return b"".join(parts)
+        total += size
+        if total > MAX_BODY_BYTES:
+            raise HttpError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)  # the chunk's CRLF
 
 
 def response_bytes(status: int, body: dict, headers=(), keep_alive: bool = True) -> bytes:
@@ -216,7 +245,8 @@ class HttpFrontDoor:
                         return  # idle, or trickling its head: closed without an answer, as servers do
                     if request is None:
                         return
-                    keep_alive = await self._dispatch(request, writer)
+                    keep_alive = await self._dispatch(request, writer) and \
+                        request.headers.get("connection", "").lower() != "close"
                 except HttpError as e:
                     writer.write(response_bytes(e.status, error_body(e), e.headers, keep_alive=False))
                     keep_alive = False

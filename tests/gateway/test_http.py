@@ -168,3 +168,27 @@ def test_idle_and_trickling_connections_are_closed(bench, model_name):
             assert time.monotonic() - start < 3
     status, _, body = post(gw.http_port, "/v1/completions", {"prompt": "hi", "max_tokens": 3})
     assert status == 200 and body["usage"]["completion_tokens"] == 3
+
+
+def raw_request(port: int, data: bytes) -> tuple[int, dict]:
+    """Send bytes as they are; the status and JSON body of the answer (the connection then closes)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(data)
+        response = http.client.HTTPResponse(s)
+        response.begin()
+        return response.status, json.loads(response.read())
+
+
+def test_chunked_bodies_and_bad_lengths(bench, model_name):
+    bench.route(model_name)
+    port = bench.start_gateway(model_names=(model_name,), http_port=0).http_port
+    body = json.dumps({"prompt": "hi", "max_tokens": 3}).encode()
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    chunked = head + b"Transfer-Encoding: chunked\r\n\r\n" + b"".join(
+        b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:7], body[7:])) + b"0\r\n\r\n"
+    status, answer = raw_request(port, chunked)
+    assert status == 200 and answer["usage"]["completion_tokens"] == 3, answer
+    status, answer = raw_request(port, head + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n")
+    assert status == 400 and "malformed chunk size" in answer["error"]["message"]
+    status, answer = raw_request(port, head + b"Content-Length: ten\r\n\r\n")
+    assert status == 400 and "Content-Length 'ten' is not a number" in answer["error"]["message"]
