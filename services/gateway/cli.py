@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--route-wait", type=float, default=GatewayConfig.route_wait_s,
                    help="seconds to wait for a complete route before UNAVAILABLE")
     p.add_argument("--max-resumes", type=int, default=GatewayConfig.max_resumes)
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (default: off)")
     p.add_argument("--http-idle-timeout", type=float, default=GatewayConfig.http_idle_timeout_s,
                    help="seconds an HTTP connection may go without a complete request head before it is closed")
     p.add_argument("--redis-timeout", type=float, default=GatewayConfig.redis_timeout_s,
@@ -74,7 +75,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         host=args.host, port=args.port, http_port=args.http_port, default_max_tokens=args.default_max_tokens,
         record_ttl_s=args.record_ttl, registry_ttl_s=args.registry_ttl, route_wait_s=args.route_wait,
         max_resumes=args.max_resumes, redis_timeout_s=args.redis_timeout,
-        http_idle_timeout_s=args.http_idle_timeout)
+        http_idle_timeout_s=args.http_idle_timeout, metrics_port=args.metrics_port)
 
 
 def main(argv: list[str] | None = None) -> int:

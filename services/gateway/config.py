@@ -36,6 +36,7 @@ class GatewayConfig:
     host: str = "0.0.0.0"
     port: int = 50051  # 0 = any free port (serve() reports the one bound)
     http_port: int | None = None  # OpenAI-compatible HTTP; None = off
+    metrics_port: int | None = None  # Prometheus /metrics; None = off, 0 = any free port
     default_max_tokens: int = 16  # when a request sets none (capped by the context left)
     record_ttl_s: float = 3600.0  # a request record lives this long after it finishes
     # A running request's new generated ids reach its Redis record at most this late.
@@ -59,7 +60,8 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if not self.tokenizer and not self.model_tokenizers:
             raise ConfigError("no tokenizer service: give --tokenizer HOST:PORT (or MODEL=HOST:PORT per model)")
-        for what, port in (("--port", self.port), ("--http-port", self.http_port)):
+        for what, port in (("--port", self.port), ("--http-port", self.http_port),
+                           ("--metrics-port", self.metrics_port)):
             if port is not None and not 0 <= port < 65536:
                 raise ConfigError(f"{what} {port} must be in 0..65535 (0 = any free port)")
         if self.default_max_tokens < 1:

@@ -166,6 +166,7 @@ class RunningGateway:
     port: int
     http_port: int | None = None
     http_server: object | None = None
+    metrics_port: int | None = None
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Not ready at once (load balancers stop sending), then let running calls finish for up
@@ -205,8 +206,11 @@ async def start(config: GatewayConfig) -> RunningGateway:
         from .http import start_http
         running.http_server = await start_http(gateway, config.host, config.http_port)
         running.http_port = running.http_server.port
-    log.info("gateway listening on %s:%d (gRPC)%s", config.host, port,
-             f", {config.host}:{running.http_port} (HTTP)" if running.http_port else "")
+    if config.metrics_port is not None:
+        running.metrics_port = gateway.metrics.serve(config.metrics_port, config.host)
+    log.info("gateway listening on %s:%d (gRPC)%s%s", config.host, port,
+             f", {config.host}:{running.http_port} (HTTP)" if running.http_port else "",
+             f", {config.host}:{running.metrics_port} (metrics)" if running.metrics_port else "")
     return running
 
 

@@ -27,8 +27,9 @@ from shardline.registry import Registry, ReplicaInfo
 from . import records
 from .admission import AdmissionQueue
 from .config import GatewayConfig
-from .errors import AlreadyExists, InvalidArgument, NotFound, Unavailable, UnknownModel
+from .errors import AlreadyExists, GatewayError, InvalidArgument, NotFound, Unavailable, UnknownModel
 from .generation import Generation
+from .metrics import GatewayMetrics
 from .records import RecordStore, RequestRecord
 from .routing import ModelView, Route, RouteChooser, models_view
 from .stage_client import StageChannels
@@ -82,6 +83,7 @@ class Gateway:
         self._manifests = {name: Manifest.read(d) for name, d in config.model_dirs.items()}
         self.is_serving = False  # a complete route exists for some served model
         self.on_serving_changed = None  # async callable(bool), e.g. the gRPC health servicer
+        self.metrics = GatewayMetrics(self)  # served on a port only with --metrics-port
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -100,6 +102,7 @@ class Gateway:
         for client in self._tokenizers.values():
             await client.close()
         await self.stages.close()
+        self.metrics.stop()
         await self.redis.aclose()
         await self._pubsub_redis.aclose()
         self.registry.redis.close()
@@ -118,6 +121,13 @@ class Gateway:
         Raises InvalidArgument / OutOfRange / ResourceExhausted / AlreadyExists / Unavailable. The
         returned Generation runs when its events() is iterated.
         """
+        try:
+            return await self._submit(req)
+        except GatewayError as e:
+            self.metrics.refused_request(e.code.name)
+            raise
+
+    async def _submit(self, req: GenerateInput) -> Generation:
         check_fields(req)
         model = self.resolve_model(req.model)
         request_id = req.request_id or new_request_id()
@@ -157,7 +167,7 @@ class Gateway:
         """Called once by every Generation as it ends, whatever the way."""
         self._active.pop(generation.request_id, None)
         self.unrecorded.pop(generation.request_id, None)  # the flush below writes the rest
-        self.admitted_at.pop(generation.request_id, None)
+        self.metrics.request_ended(generation, state, self.admitted_at.pop(generation.request_id, 0.0))
         if generation.route is not None:
             self.chooser.finished(generation.route, generation.request_id)
         try:
