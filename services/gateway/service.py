@@ -168,6 +168,12 @@ class Gateway:
         self._active.pop(generation.request_id, None)
         self.unrecorded.pop(generation.request_id, None)  # the flush below writes the rest
         self.metrics.request_ended(generation, state, self.admitted_at.pop(generation.request_id, 0.0))
+        g = generation
+        log.info("request %s %s%s: model %s, %d prompt + %d generated tokens, first token %.3fs, total %.3fs, "
+                 "%d resumes, route %s%s", g.request_id, state.lower(), f" ({reason.lower()})" if reason else "",
+                 g.model, len(g.prompt_token_ids), len(g.generated),
+                 g.first_token_at - g.queued_at if g.first_token_at else float("nan"), time.time() - g.queued_at,
+                 g.num_resumes, g.route.addresses if g.route else "none", f"; {error}" if error else "")
         if generation.route is not None:
             self.chooser.finished(generation.route, generation.request_id)
         try:

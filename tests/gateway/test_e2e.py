@@ -109,6 +109,8 @@ def test_cancel_through_the_gateway_frees_kv_on_every_stage(cluster, client):
     assert stream.finish_reason == "cancelled"
     wait_all_free(cluster)
     assert client.get_request("e2e-cancel").state == "cancelled"
+    log = (cluster.logdir / "gateway.log").read_text()
+    assert "request e2e-cancel cancelled (cancelled): model " in log, "every request ends with a log line"
 
 
 def test_killing_the_stage0_replica_mid_stream_is_invisible(cluster, client):
