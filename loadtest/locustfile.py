@@ -7,34 +7,23 @@ Each simulated user streams completions back to back. Locust records two request
 `ttft` (time to the first text delta) and `stream` (the whole completion, its size in tokens as
 the response length), so its tables give time-to-first-token and end-to-end latency percentiles,
 and `tokens` / second follows from the stream rows. Environment knobs: SHARDLINE_MODEL (default:
-the only model served), SHARDLINE_MAX_TOKENS (64), SHARDLINE_TEMPERATURE (0.8).
+the only model served), SHARDLINE_MAX_TOKENS (64), SHARDLINE_TEMPERATURE (0.8). The same load over
+the OpenAI-compatible HTTP front door: `http_locustfile.py`.
 """
 
 from __future__ import annotations
 
-import os
 import random
 import time
 
 import grpc.experimental.gevent as grpc_gevent
-from locust import User, between, events, task
+from locust import User, between, task
 
 grpc_gevent.init_gevent()  # locust runs users as gevent greenlets; gRPC must cooperate or it blocks them
 
-from shardline.client import Client, ShardlineError
+from common import PROMPTS, fire, settings  # noqa: E402 - after gevent's init
 
-PROMPTS = [
-    "Write a short poem about pipelines.",
-    "Explain tensor parallelism in one paragraph.",
-    "안녕하세요, 오늘 날씨는 어때요?",
-    "List three facts about GPUs 🙂",
-    "Summarise: the gateway batches requests and keeps its metadata in Redis.",
-]
-
-
-@events.init_command_line_parser.add_listener
-def _(parser):
-    parser.add_argument("--max-tokens", type=int, default=int(os.environ.get("SHARDLINE_MAX_TOKENS", 64)))
+from shardline.client import Client, ShardlineError  # noqa: E402
 
 
 class ShardlineUser(User):
@@ -42,16 +31,10 @@ class ShardlineUser(User):
 
     def on_start(self) -> None:
         self.client = Client(self.host)
-        self.model = os.environ.get("SHARDLINE_MODEL", "")
-        self.temperature = float(os.environ.get("SHARDLINE_TEMPERATURE", 0.8))
-        self.max_tokens = self.environment.parsed_options.max_tokens if self.environment.parsed_options else 64
+        self.model, self.temperature, self.max_tokens = settings(self)
 
     def on_stop(self) -> None:
         self.client.close()
-
-    def _fire(self, name: str, started: float, length: int, exc: Exception | None) -> None:
-        self.environment.events.request.fire(request_type="grpc", name=name, response_time=(time.perf_counter() - started) * 1e3,
-                                             response_length=length, exception=exc, context={})
 
     @task
     def stream_completion(self) -> None:
@@ -62,9 +45,9 @@ class ShardlineUser(User):
                                             temperature=self.temperature, seed=random.randrange(1 << 30)):
                 if first is None:
                     first = time.perf_counter()
-                    self._fire("ttft", started, 0, None)
+                    fire(self, "grpc", "ttft", started, 0, None)
                 tokens += len(delta.token_ids)
         except ShardlineError as e:
-            self._fire("stream", started, tokens, e)
+            fire(self, "grpc", "stream", started, tokens, e)
             return
-        self._fire("stream", started, tokens, None)
+        fire(self, "grpc", "stream", started, tokens, None)
