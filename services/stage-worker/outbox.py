@@ -1,4 +1,11 @@
-"""Ordered outbound RPCs of a stage replica (activations, tokens, frees), from one thread."""
+"""Ordered outbound RPCs of a stage replica (activations, tokens, frees): one lane a destination.
+
+Order matters only between messages to one replica (a Free must not overtake the micro-batch that
+still holds the sequence; Frees further down the route travel through the next replica's own
+outbox). So each destination gets a lane of its own, a queue and a thread: a replica that stops
+answering holds up only what is sent to it, for its call timeout each, and never the sequences
+of other routes.
+"""
 
 from __future__ import annotations
 
@@ -15,42 +22,49 @@ log = logging.getLogger("shardline.stage_worker")
 
 
 class Outbox:
-    """Ordered outbound RPCs from one thread; a failed call reports through its `on_error`."""
+    """Ordered outbound RPCs per destination; a failed call reports through its `on_error`."""
 
     def __init__(self, timeout_s: float = 30.0) -> None:
-        self._queue: queue.Queue = queue.Queue()
-        self._stubs: dict[str, stage_pb2_grpc.StageWorkerStub] = {}
-        self._channels: list[grpc.Channel] = []
         self.timeout_s = timeout_s
-        self._thread = threading.Thread(target=self._run, name="outbox", daemon=True)
-        self._thread.start()
+        self._lanes: dict[str, _Lane] = {}
+        self._lock = threading.Lock()  # senders are the loop thread and gRPC handler threads
 
     def send(self, address: str, method: str, request, on_error: Callable[[str], None] | None = None) -> None:
-        self._queue.put((address, method, request, on_error))
+        with self._lock:
+            lane = self._lanes.get(address)
+            if lane is None:
+                lane = self._lanes[address] = _Lane(address, self.timeout_s)
+        lane.queue.put((method, request, on_error))
 
-    def _stub(self, address: str) -> stage_pb2_grpc.StageWorkerStub:
-        if address not in self._stubs:
-            channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", -1),
-                                                              ("grpc.max_receive_message_length", -1)])
-            self._channels.append(channel)
-            self._stubs[address] = stage_pb2_grpc.StageWorkerStub(channel)
-        return self._stubs[address]
+    def close(self) -> None:
+        with self._lock:
+            lanes, self._lanes = list(self._lanes.values()), {}
+        for lane in lanes:
+            lane.queue.put(None)
+        for lane in lanes:
+            lane.thread.join(timeout=5)
+            lane.channel.close()
+
+
+class _Lane:
+    def __init__(self, address: str, timeout_s: float) -> None:
+        self.address, self.timeout_s = address, timeout_s
+        self.channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", -1),
+                                                               ("grpc.max_receive_message_length", -1)])
+        self.stub = stage_pb2_grpc.StageWorkerStub(self.channel)
+        self.queue: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name=f"outbox-{address}", daemon=True)
+        self.thread.start()
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            item = self.queue.get()
             if item is None:
                 return
-            address, method, request, on_error = item
+            method, request, on_error = item
             try:
-                getattr(self._stub(address), method)(request, timeout=self.timeout_s)
+                getattr(self.stub, method)(request, timeout=self.timeout_s)
             except grpc.RpcError as e:
-                log.warning("%s to %s failed: %s", method, address, e.code())
+                log.warning("%s to %s failed: %s", method, self.address, e.code())
                 if on_error is not None:
-                    on_error(f"{method} to stage replica {address} failed: {e.code().name}: {e.details()}")
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5)
-        for c in self._channels:
-            c.close()
+                    on_error(f"{method} to stage replica {self.address} failed: {e.code().name}: {e.details()}")

@@ -83,7 +83,8 @@ class StageWorkerServicer(stage_pb2_grpc.StageWorkerServicer):
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         rid = request.request_id
-        context.add_callback(lambda: self.worker.cancel(rid))  # client gone: free along the route
+        # The call ended (client gone, or done): end this attempt, not a later one of the same id.
+        context.add_callback(lambda: self.worker.cancel(rid, events))
         while True:
             try:
                 event = events.get(timeout=1.0)

@@ -68,7 +68,11 @@ class StageWorker:
             self.stepper = OverlappedStepper(engine, self.scheduler) if overlap else None
             self._streams: dict[str, queue.Queue] = {}
             self._in_flight: dict[int, StageBatch] = {}
-            self._deferred_free: dict[int, list[str]] = defaultdict(list)
+            # Each route keeps up to num_stages micro-batches in flight, whatever the others do: a
+            # replica down one route that stops answering holds up only that route's.
+            self._in_flight_routes: dict[int, tuple[str, ...]] = {}
+            # micro-batch id -> (request id, route) of cancelled sequences it still holds downstream
+            self._deferred_free: dict[int, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
             self._routes: dict[str, tuple[str, ...]] = {}
             self._ids = itertools.count(1)
         self._thread = threading.Thread(target=self._loop, name=f"stage{self.stage}-loop", daemon=True)
@@ -108,8 +112,10 @@ class StageWorker:
         self._inbox.put(("admit", seq, events))
         return events
 
-    def cancel(self, request_id: str) -> None:
-        self._inbox.put(("cancel", request_id))
+    def cancel(self, request_id: str, events: queue.Queue | None = None) -> None:
+        """End the sequence; given its events queue (what admit returned), only that attempt: a
+        later admit of the same id (a resume onto this replica) is not touched."""
+        self._inbox.put(("cancel", request_id, events))
 
     def forward(self, msg: stage_pb2.MicroBatch) -> int:
         """Stage > 0: validate a micro-batch's activations and queue it. Returns the queue depth."""
@@ -199,6 +205,10 @@ class StageWorker:
             self._stopped.set()
         elif kind == "admit":
             _, seq, events = cmd
+            if seq.request_id in self._streams:
+                # The gateway runs one attempt of a request at a time: a new one for an id still
+                # running here (a resume onto this replica) supersedes the old.
+                self._cancel(seq.request_id, self._streams[seq.request_id])
             try:
                 self.scheduler.add(seq)
             except ValueError as e:
@@ -207,12 +217,12 @@ class StageWorker:
             self._streams[seq.request_id] = events
             self._routes[seq.request_id] = seq.route
         elif kind == "cancel":
-            self._cancel(cmd[1])
+            self._cancel(cmd[1], cmd[2])
         elif kind == "tokens":
             self._on_returned(cmd[1])
         elif kind == "mb_error":
             _, mb_id, error = cmd
-            batch = self._in_flight.pop(mb_id, None)
+            batch = self._pop_in_flight(mb_id)
             if batch is not None:
                 self._finish_failed(self.scheduler.on_error(batch, error))
                 self._release_deferred(mb_id)
@@ -237,7 +247,14 @@ class StageWorker:
     def _can_schedule(self) -> bool:
         if self.stepper is not None and self.stepper.has_launched:
             return True
-        return len(self._in_flight) < self.num_stages and bool(self.scheduler.routes_ready())
+        return any(self._room_on(route) for route in self.scheduler.routes_ready())
+
+    def _room_on(self, route: tuple[str, ...]) -> bool:
+        return sum(r == route for r in self._in_flight_routes.values()) < self.num_stages
+
+    def _pop_in_flight(self, mb_id: int) -> StageBatch | None:
+        self._in_flight_routes.pop(mb_id, None)
+        return self._in_flight.pop(mb_id, None)
 
     def _schedule_and_run(self) -> None:
         if self.stepper is not None:
@@ -251,8 +268,8 @@ class StageWorker:
                 self._deliver(*done)
             return
         for route in self.scheduler.routes_ready():
-            if len(self._in_flight) >= self.num_stages:
-                break
+            if not self._room_on(route):
+                continue
             # Split the route's sequences over num_stages micro-batches so every stage has one.
             per_micro_batch = -(-self.scheduler.num_running_on(route) // self.num_stages)
             batch = self.scheduler.schedule(route, max_seqs=per_micro_batch)
@@ -268,7 +285,7 @@ class StageWorker:
                 self._deliver(batch, out)
                 continue
             mb_id = next(self._ids)
-            self._in_flight[mb_id] = batch
+            self._in_flight[mb_id], self._in_flight_routes[mb_id] = batch, route
             self.max_micro_batches_in_flight = max(self.max_micro_batches_in_flight, len(self._in_flight))
             data, shape, dtype = tensor_to_bytes(out)
             msg = stage_pb2.MicroBatch(micro_batch_id=mb_id, origin=self.address, route=list(route[1:]),
@@ -278,7 +295,7 @@ class StageWorker:
                              on_error=lambda err, mb_id=mb_id: self._inbox.put(("mb_error", mb_id, err)))
 
     def _on_returned(self, msg: stage_pb2.SampledTokens) -> None:
-        batch = self._in_flight.pop(msg.micro_batch_id, None)
+        batch = self._pop_in_flight(msg.micro_batch_id)
         if batch is None:
             return
         if msg.HasField("error"):
@@ -298,13 +315,16 @@ class StageWorker:
                 self._forget(seq.request_id)
         self._flush_frees()
 
-    def _cancel(self, request_id: str) -> None:
+    def _cancel(self, request_id: str, events: queue.Queue | None = None) -> None:
+        if events is not None and self._streams.get(request_id) is not events:
+            return  # that attempt ended already; the id may name a later one now
         seq = self.scheduler.running.get(request_id)
-        if seq is not None and seq.in_flight and self.num_stages > 1:
-            # Its micro-batch is still downstream: free there only after it comes back, or the
-            # late micro-batch would allocate the blocks again.
-            mb_id = next(i for i, b in self._in_flight.items() if any(c.request_id == request_id for c in b.chunks))
-            self._deferred_free[mb_id].append(request_id)
+        holding = [i for i, b in self._in_flight.items() if seq is not None and b.seqs.get(request_id) is seq]
+        if holding:
+            # A micro-batch with it is still downstream: free there only after the last one comes
+            # back, or a late micro-batch would allocate the blocks again. The route goes with the
+            # free, so that a later attempt of the same id keeps its own.
+            self._deferred_free[max(holding)].append((request_id, self._routes.pop(request_id, ())))
         seq = self.scheduler.cancel(request_id)
         if seq is not None:
             self._emit_end(seq, FinishReason.CANCELLED, "")
@@ -328,22 +348,18 @@ class StageWorker:
         ids = self.scheduler.take_pending_free()
         if not ids:
             return
-        deferred = {rid for rids in self._deferred_free.values() for rid in rids}
         self.engine.free(ids)
         by_route: dict[tuple[str, ...], list[str]] = defaultdict(list)
         for rid in ids:
-            route = self._routes.pop(rid, ())
-            if route and rid not in deferred:
+            route = self._routes.pop(rid, ())  # none when _cancel deferred it
+            if route:
                 by_route[route].append(rid)
-            elif route:
-                self._routes[rid] = route  # freed downstream when its micro-batch returns
         for route, rids in by_route.items():
             self.outbox.send(route[0], "Free", stage_pb2.FreeRequest(request_ids=rids, route=list(route[1:])))
 
     def _release_deferred(self, mb_id: int) -> None:
         by_route: dict[tuple[str, ...], list[str]] = defaultdict(list)
-        for rid in self._deferred_free.pop(mb_id, []):
-            route = self._routes.pop(rid, ())
+        for rid, route in self._deferred_free.pop(mb_id, []):
             if route:
                 by_route[route].append(rid)
         for route, rids in by_route.items():

@@ -100,6 +100,29 @@ def test_cancel_mid_stream_frees_kv_on_every_stage(cluster):
     wait_all_free(cluster)
 
 
+def test_a_resume_onto_the_same_replica_supersedes_the_running_attempt(cluster):
+    """The gateway resumes a broken request with the same id, and the route it picks may have
+    the same stage 0, where the first attempt still runs (its stream's close not yet seen) with
+    micro-batches downstream. The new attempt supersedes it: the first ends CANCELLED, its late
+    tokens reach nobody, and its close does not cancel the new one; the new attempt streams
+    exactly the undisturbed tokens from where the first stopped, and every block comes back."""
+    sampling = SamplingParams(max_tokens=40, ignore_eos=True)
+    want = generate_local(cluster.model_dir, [PROMPTS[0]], sampling, EngineConfig(num_blocks=64))[0]
+    s0 = stub(cluster.stage_addresses[0][0])
+    admit = dict(request_id="twice", prompt_token_ids=PROMPTS[0], sampling=sampling_to_proto(sampling),
+                 route=[cluster.stage_addresses[1][0]])
+    first = s0.Generate(stage_pb2.AdmitRequest(**admit), timeout=120)
+    seen = [e.token_id for _, e in zip(range(3), first)]
+    second = s0.Generate(stage_pb2.AdmitRequest(**admit, generated_token_ids=seen), timeout=120)
+    rest = list(first)  # its call ends here, while the second runs: its close must not cancel that
+    assert rest and rest[-1].finish_reason == common_pb2.FINISH_REASON_CANCELLED, "the first attempt is superseded"
+    events = list(second)
+    assert [e.index for e in events] == list(range(len(seen), len(want))), "no gap, no duplicate, no stray token"
+    assert seen + [e.token_id for e in events if e.HasField("token_id")] == want
+    assert events[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    wait_all_free(cluster)
+
+
 def test_bad_requests_get_status_codes_and_the_worker_stays_up(cluster):
     s0 = stub(cluster.stage_addresses[0][0])
     route = [cluster.stage_addresses[1][0]]
