@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (default: off)")
     p.add_argument("--http-idle-timeout", type=float, default=GatewayConfig.http_idle_timeout_s,
                    help="seconds an HTTP connection may go without a complete request head before it is closed")
+    p.add_argument("--tokenizer-timeout", type=float, default=GatewayConfig.tokenizer_timeout_s,
+                   help="seconds a tokenizer call or detokenize message may take before the request gets UNAVAILABLE")
     p.add_argument("--redis-timeout", type=float, default=GatewayConfig.redis_timeout_s,
                    help="seconds a Redis command may take before the request gets UNAVAILABLE")
     p.add_argument("--log-level", default="INFO")
@@ -75,7 +77,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         host=args.host, port=args.port, http_port=args.http_port, default_max_tokens=args.default_max_tokens,
         record_ttl_s=args.record_ttl, registry_ttl_s=args.registry_ttl, route_wait_s=args.route_wait,
         max_resumes=args.max_resumes, redis_timeout_s=args.redis_timeout,
-        http_idle_timeout_s=args.http_idle_timeout, metrics_port=args.metrics_port)
+        http_idle_timeout_s=args.http_idle_timeout, metrics_port=args.metrics_port,
+        tokenizer_timeout_s=args.tokenizer_timeout)
 
 
 def main(argv: list[str] | None = None) -> int:

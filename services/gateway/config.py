@@ -51,6 +51,8 @@ class GatewayConfig:
     # A Redis command (or connect) that takes longer fails: the request gets UNAVAILABLE instead of
     # hanging on a Redis that stopped answering (the cancel subscription alone waits as long as it must).
     redis_timeout_s: float = 2.0
+    # A tokenizer call (or one detokenize message) that takes longer fails the request: UNAVAILABLE.
+    tokenizer_timeout_s: float = 10.0
     # An HTTP connection that sends no complete request head for this long is closed (an idle
     # keep-alive connection, or a client that trickles its headers).
     http_idle_timeout_s: float = 60.0
@@ -71,7 +73,8 @@ class GatewayConfig:
                 raise ConfigError(f"--max-model-len {name}={n} must be >= 2 tokens")
         for what, v in (("record_ttl_s", self.record_ttl_s), ("record_interval_s", self.record_interval_s), ("registry_ttl_s", self.registry_ttl_s),
                         ("registry_poll_s", self.registry_poll_s), ("probe_timeout_s", self.probe_timeout_s),
-                        ("redis_timeout_s", self.redis_timeout_s), ("http_idle_timeout_s", self.http_idle_timeout_s)):
+                        ("redis_timeout_s", self.redis_timeout_s), ("http_idle_timeout_s", self.http_idle_timeout_s),
+                        ("tokenizer_timeout_s", self.tokenizer_timeout_s)):
             if v <= 0:
                 raise ConfigError(f"{what} {v} must be > 0")
         if self.route_wait_s < 0 or self.max_resumes < 0:

@@ -110,7 +110,7 @@ class Gateway:
     def tokenizer(self, model: str) -> TokenizerClient:
         address = self.config.tokenizer_for(model)
         if address not in self._tokenizers:
-            self._tokenizers[address] = TokenizerClient(address)
+            self._tokenizers[address] = TokenizerClient(address, self.config.tokenizer_timeout_s)
         return self._tokenizers[address]
 
     # -- requests -----------------------------------------------------------------------------------

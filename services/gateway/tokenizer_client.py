@@ -6,6 +6,8 @@ from the tokenizer.
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 
 from shardline.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
@@ -82,19 +84,34 @@ class Detokenizer:
             request.stop.extend(self._stop)
             request.skip_special_tokens = True
             request.prefix_token_ids.extend(self._prefix)
-        try:
+
+        async def exchange():
             await self._call.write(request)
             return await self._read()
-        except grpc.aio.AioRpcError as e:
-            raise _translate(e, self._client.address) from e
+
+        return await self._answer(exchange())
 
     async def finish(self) -> tokenizer_pb2.DetokenizeResponse | None:
         """Half-close and return the flush response (None if nothing was ever pushed)."""
         if self._call is None or self.is_finished:
             return None
-        try:
+
+        async def flush():
             await self._call.done_writing()
             return await self._read()
+
+        return await self._answer(flush())
+
+    async def _answer(self, exchange) -> tokenizer_pb2.DetokenizeResponse:
+        """One message's answer within the client's timeout: the stream lives as long as the
+        sequence, so it has no deadline of its own, but a tokenizer that stops answering must
+        not hold the request forever."""
+        try:
+            return await asyncio.wait_for(exchange, self._client.timeout_s)
+        except asyncio.TimeoutError:
+            self.close()
+            raise Unavailable(f"tokenizer service at {self._client.address} did not answer a detokenize within "
+                              f"{self._client.timeout_s:.0f}s; retry later") from None
         except grpc.aio.AioRpcError as e:
             raise _translate(e, self._client.address) from e
 
