@@ -41,10 +41,6 @@ class StageBatch:
     # Inspection only (tests, `logits` in pipeline.py): the last stage returns the logits of every
     # token [T, V] instead of sampled ids.
     return_logits: bool = False
-    # Stage 0 only, never sent: the Sequence objects the scheduler cut the chunks from. A request
-    # id can be running again (a resume onto this replica) while an older attempt's micro-batch
-    # is still downstream; its late tokens or error must reach that attempt, not the new one.
-    seqs: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:

@@ -91,7 +91,6 @@ class Scheduler:
             sample = seq.num_computed_tokens + n == known
             batch.chunks.append(SequenceChunk(seq.request_id, seq.num_computed_tokens, n, sample,
                                               seq.sampling if sample else None))
-            batch.seqs[seq.request_id] = seq
             seq.num_computed_tokens += n
             seq.num_pending += sample
             budget -= n
@@ -129,8 +128,8 @@ class Scheduler:
         a token (finished ones included, already removed)."""
         updated = []
         for chunk, token in zip(batch.sampled, token_ids):
-            seq = self._still_running(batch, chunk.request_id)
-            if seq is None:  # cancelled while in flight (and perhaps admitted again since)
+            seq = self.running.get(chunk.request_id)
+            if seq is None:  # cancelled while in flight
                 continue
             seq.num_pending -= 1
             seq.append_token(token)
@@ -143,18 +142,12 @@ class Scheduler:
         """A micro-batch failed downstream: its sequences end with the error."""
         failed = []
         for chunk in batch.chunks:
-            seq = self._still_running(batch, chunk.request_id)
+            seq = self.running.get(chunk.request_id)
             if seq is not None and not seq.is_finished:
                 seq.finish(FinishReason.ERROR, error)
                 self._release(seq)
                 failed.append(seq)
         return failed
-
-    def _still_running(self, batch: StageBatch, request_id: str) -> Sequence | None:
-        """The running sequence `batch` was cut from, or None: it ended, or the id now names a
-        later attempt (a resume onto this replica) that the batch knows nothing of."""
-        seq = self.running.get(request_id)
-        return seq if seq is not None and batch.seqs.get(request_id, seq) is seq else None
 
     def cancel(self, request_id: str) -> Sequence | None:
         for seq in self.waiting:

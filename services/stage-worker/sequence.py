@@ -21,6 +21,19 @@ class FinishReason(enum.Enum):
     ERROR = "error"
 
 
+def attempt_key(request_id: str, attempt: str) -> str:
+    """What stage 0 names one attempt of a request by, in its scheduler, its KV cache and down the
+    route. A request id alone is not unique there: the gateway resumes a request with the same id,
+    perhaps through the same replicas, while the old attempt's micro-batches are still on their
+    way. "#" is not in the gateway's request-id alphabet."""
+    return f"{request_id}#{attempt}"
+
+
+def client_id(key: str) -> str:
+    """The request id of an attempt key (a plain request id is its own)."""
+    return key.rsplit("#", 1)[0]
+
+
 @dataclass
 class Sequence:
     request_id: str

@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections import defaultdict
 
 import grpc
@@ -31,7 +32,7 @@ from shardline.stage_worker.engine import StageEngine, stop_followers
 from shardline.stage_worker.outbox import Outbox
 from shardline.stage_worker.overlap import OverlappedStepper, wants_overlap
 from shardline.stage_worker.scheduler import Scheduler
-from shardline.stage_worker.sequence import FinishReason, Sequence
+from shardline.stage_worker.sequence import FinishReason, Sequence, attempt_key, client_id
 from shardline.v1 import common_pb2, stage_pb2
 from shardline.wire import DTYPE_NAMES, WireError, tensor_from_bytes, tensor_to_bytes
 
@@ -75,6 +76,10 @@ class StageWorker:
             self._deferred_free: dict[int, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
             self._routes: dict[str, tuple[str, ...]] = {}
             self._ids = itertools.count(1)
+            # Attempts: keys unique across replicas and restarts (see sequence.attempt_key), and
+            # the current attempt of each request id.
+            self._attempt_prefix, self._attempts = uuid.uuid4().hex[:8], itertools.count(1)
+            self._attempt_of: dict[str, str] = {}
         self._thread = threading.Thread(target=self._loop, name=f"stage{self.stage}-loop", daemon=True)
         self._thread.start()
 
@@ -106,15 +111,16 @@ class StageWorker:
         if len(generated) >= sampling.max_tokens:
             raise AdmissionError(f"resume with {len(generated)} generated tokens has nothing left to do "
                                  f"(max_tokens {sampling.max_tokens})")
-        seq = Sequence(request_id, list(prompt), sampling, self.engine.model_config.eos_token_ids,
+        key = attempt_key(request_id, f"{self._attempt_prefix}{next(self._attempts)}")
+        seq = Sequence(key, list(prompt), sampling, self.engine.model_config.eos_token_ids,
                        output_token_ids=list(generated), route=tuple(route))
         events: queue.Queue = queue.Queue()
         self._inbox.put(("admit", seq, events))
         return events
 
     def cancel(self, request_id: str, events: queue.Queue | None = None) -> None:
-        """End the sequence; given its events queue (what admit returned), only that attempt: a
-        later admit of the same id (a resume onto this replica) is not touched."""
+        """End the request's attempt here; given its events queue (what admit returned), only that
+        attempt: a later admit of the same id (a resume onto this replica) is not touched."""
         self._inbox.put(("cancel", request_id, events))
 
     def forward(self, msg: stage_pb2.MicroBatch) -> int:
@@ -147,11 +153,13 @@ class StageWorker:
 
     def status(self) -> dict:
         s = self.engine.status()
+        num_sequences = len(s["running"])
+        s["running"] = sorted({client_id(k) for k in s["running"]})  # request ids, not attempt keys
         s["free_blocks"] = min(s["free_blocks"], self.scheduler.num_free_blocks) if self.is_first else s["free_blocks"]
         if self.is_first:
             s["num_running"] = len(self.scheduler.running) + len(self.scheduler.waiting)
         else:
-            s["num_running"] = len(s["running"])
+            s["num_running"] = num_sequences
         s["max_micro_batches_in_flight"] = self.max_micro_batches_in_flight
         s["is_draining"] = self.is_draining
         return s
@@ -205,19 +213,24 @@ class StageWorker:
             self._stopped.set()
         elif kind == "admit":
             _, seq, events = cmd
-            if seq.request_id in self._streams:
+            rid = client_id(seq.request_id)
+            if rid in self._attempt_of:
                 # The gateway runs one attempt of a request at a time: a new one for an id still
                 # running here (a resume onto this replica) supersedes the old.
-                self._cancel(seq.request_id, self._streams[seq.request_id])
+                self._cancel(self._attempt_of[rid])
             try:
                 self.scheduler.add(seq)
             except ValueError as e:
-                events.put(TokenEvent(seq.request_id, None, len(seq.output_token_ids), FinishReason.ERROR, str(e)))
+                events.put(TokenEvent(rid, None, len(seq.output_token_ids), FinishReason.ERROR, str(e)))
                 return
+            self._attempt_of[rid] = seq.request_id
             self._streams[seq.request_id] = events
             self._routes[seq.request_id] = seq.route
         elif kind == "cancel":
-            self._cancel(cmd[1], cmd[2])
+            _, rid, events = cmd
+            key = self._attempt_of.get(rid)
+            if key is not None and (events is None or self._streams.get(key) is events):
+                self._cancel(key)  # else that attempt ended already, and the id may name a later one
         elif kind == "tokens":
             self._on_returned(cmd[1])
         elif kind == "mb_error":
@@ -310,22 +323,19 @@ class StageWorker:
             index = len(seq.output_token_ids) - 1
             events = self._streams.get(seq.request_id)
             if events is not None:
-                events.put(TokenEvent(seq.request_id, seq.output_token_ids[-1], index, seq.finish_reason))
+                events.put(TokenEvent(client_id(seq.request_id), seq.output_token_ids[-1], index, seq.finish_reason))
             if seq.is_finished:
                 self._forget(seq.request_id)
         self._flush_frees()
 
-    def _cancel(self, request_id: str, events: queue.Queue | None = None) -> None:
-        if events is not None and self._streams.get(request_id) is not events:
-            return  # that attempt ended already; the id may name a later one now
-        seq = self.scheduler.running.get(request_id)
-        holding = [i for i, b in self._in_flight.items() if seq is not None and b.seqs.get(request_id) is seq]
+    def _cancel(self, key: str) -> None:
+        """End one attempt (by its key)."""
+        holding = [i for i, b in self._in_flight.items() if any(c.request_id == key for c in b.chunks)]
         if holding:
             # A micro-batch with it is still downstream: free there only after the last one comes
-            # back, or a late micro-batch would allocate the blocks again. The route goes with the
-            # free, so that a later attempt of the same id keeps its own.
-            self._deferred_free[max(holding)].append((request_id, self._routes.pop(request_id, ())))
-        seq = self.scheduler.cancel(request_id)
+            # back, or a late micro-batch would allocate the blocks again.
+            self._deferred_free[max(holding)].append((key, self._routes.pop(key, ())))
+        seq = self.scheduler.cancel(key)
         if seq is not None:
             self._emit_end(seq, FinishReason.CANCELLED, "")
         self._flush_frees()
@@ -338,11 +348,14 @@ class StageWorker:
     def _emit_end(self, seq: Sequence, reason: FinishReason, error: str) -> None:
         events = self._streams.get(seq.request_id)
         if events is not None:
-            events.put(TokenEvent(seq.request_id, None, len(seq.output_token_ids), reason, error))
+            events.put(TokenEvent(client_id(seq.request_id), None, len(seq.output_token_ids), reason, error))
         self._forget(seq.request_id)
 
-    def _forget(self, request_id: str) -> None:
-        self._streams.pop(request_id, None)
+    def _forget(self, key: str) -> None:
+        self._streams.pop(key, None)
+        rid = client_id(key)
+        if self._attempt_of.get(rid) == key:
+            del self._attempt_of[rid]
 
     def _flush_frees(self) -> None:
         ids = self.scheduler.take_pending_free()
