@@ -26,27 +26,34 @@ pytestmark = pytest.mark.slow
 PROMPTS = [[1, 5, 9, 13 + i] for i in range(6)]
 
 
+def greedy_streams(client: Client, pool: cf.ThreadPoolExecutor, max_tokens: int) -> list[cf.Future]:
+    """One greedy stream a prompt; returns once every stream has its first two tokens (running on
+    a replica, not on its way to one)."""
+    running: set[int] = set()
+
+    def stream(i: int) -> list[int]:
+        out = []
+        for d in client.stream(PROMPTS[i], max_tokens=max_tokens, temperature=0.0, ignore_eos=True):
+            out.extend(d.token_ids)
+            if len(out) >= 2:
+                running.add(i)
+        return out
+
+    futures = [pool.submit(stream, i) for i in range(len(PROMPTS))]
+    deadline = time.monotonic() + 60
+    while len(running) < len(PROMPTS) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return futures
+
+
 def test_a_silent_stage1_replica_mid_stream_loses_no_request(tmp_path):
     config = ClusterConfig(pp=2, replicas=2, num_blocks=128, grpc_port=free_port(), workdir=str(tmp_path))
     with LocalCluster(config) as cluster, Client(cluster.gateway_address, timeout=60) as client:
         sampling = SamplingParams(max_tokens=120, temperature=0.0, ignore_eos=True)
         want = generate_local(cluster.model_dir, PROMPTS, sampling, EngineConfig(num_blocks=128))
-        running: set[int] = set()
-
-        def stream(i: int) -> list[int]:
-            out = []
-            for d in client.stream(PROMPTS[i], max_tokens=120, temperature=0.0, ignore_eos=True):
-                out.extend(d.token_ids)
-                if len(out) >= 2:
-                    running.add(i)
-            return out
-
         victim = cluster.process("stage1-replica0-rank0")
         with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            futures = [pool.submit(stream, i) for i in range(len(PROMPTS))]
-            deadline = time.monotonic() + 60
-            while len(running) < len(PROMPTS) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            futures = greedy_streams(client, pool, max_tokens=120)
             victim.send_signal(signal.SIGSTOP)
             try:
                 started = time.monotonic()
@@ -71,27 +78,14 @@ def test_a_stage0_replica_that_wakes_up_after_its_streams_resumed_corrupts_nothi
         cluster.add_replica(0)
         sampling = SamplingParams(max_tokens=240, temperature=0.0, ignore_eos=True)
         want = generate_local(cluster.model_dir, PROMPTS, sampling, EngineConfig(num_blocks=256))
-        running: set[int] = set()
-
-        def stream(i: int) -> list[int]:
-            out = []
-            for d in client.stream(PROMPTS[i], max_tokens=240, temperature=0.0, ignore_eos=True):
-                out.extend(d.token_ids)
-                if len(out) >= 2:
-                    running.add(i)
-            return out
-
         victim = cluster.process("stage0-replica0-rank0")
         gateway_log = cluster.logdir / "gateway.log"
+        deadline = time.monotonic() + 30  # both stage-0 replicas registered and routable
+        while len(Registry.from_url(cluster.redis_url).replicas(cluster.model_name, stage=0)) < 2 \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
         with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            deadline = time.monotonic() + 30  # both stage-0 replicas registered and routable
-            while "replica1" not in str(Registry.from_url(cluster.redis_url).replicas(cluster.model_name, stage=0)) \
-                    and time.monotonic() < deadline:
-                time.sleep(0.05)
-            futures = [pool.submit(stream, i) for i in range(len(PROMPTS))]
-            deadline = time.monotonic() + 60
-            while len(running) < len(PROMPTS) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            futures = greedy_streams(client, pool, max_tokens=240)
             victim.send_signal(signal.SIGSTOP)
             try:
                 deadline = time.monotonic() + 30
