@@ -7,6 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
+from redis.exceptions import RedisError
+
 from shardline.config import ConfigError
 
 from .config import AdmissionConfig, GatewayConfig
@@ -98,4 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"shardline gateway: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a port in use
+        print(f"shardline gateway: error: {e}", file=sys.stderr)
+        return 1
+    except RedisError as e:
+        print(f"shardline gateway: error: cannot reach Redis at {config.redis_url} ({e}); start it or fix "
+              "--redis-url", file=sys.stderr)
+        return 1
     return 0

@@ -202,12 +202,18 @@ async def start(config: GatewayConfig) -> RunningGateway:
     await gateway.start()
     await server.start()
     running = RunningGateway(gateway, server, health_servicer, port)
-    if config.http_port is not None:
-        from .http import start_http
-        running.http_server = await start_http(gateway, config.host, config.http_port)
-        running.http_port = running.http_server.port
-    if config.metrics_port is not None:
-        running.metrics_port = gateway.metrics.serve(config.metrics_port, config.host)
+    flag, bind_port = "--http-port", config.http_port
+    try:
+        if config.http_port is not None:
+            from .http import start_http
+            running.http_server = await start_http(gateway, config.host, config.http_port)
+            running.http_port = running.http_server.port
+        if config.metrics_port is not None:
+            flag, bind_port = "--metrics-port", config.metrics_port
+            running.metrics_port = gateway.metrics.serve(config.metrics_port, config.host)
+    except OSError as e:  # a port in use: stop what already listens, then say which flag to change
+        await running.stop(grace_s=0)
+        raise OSError(f"cannot listen on {config.host}:{bind_port} ({e.strerror or e}); pick another {flag}") from e
     log.info("gateway listening on %s:%d (gRPC)%s%s", config.host, port,
              f", {config.host}:{running.http_port} (HTTP)" if running.http_port else "",
              f", {config.host}:{running.metrics_port} (metrics)" if running.metrics_port else "")

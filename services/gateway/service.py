@@ -80,6 +80,7 @@ class Gateway:
         self._last_views: dict[str, ModelView] = {}  # every model seen since start, as last seen
         self._suspects: dict[str, float] = {}  # replica address -> until when routes avoid it
         self._tasks: list[asyncio.Task] = []
+        self._closing = False
         self._manifests = {name: Manifest.read(d) for name, d in config.model_dirs.items()}
         self.is_serving = False  # a complete route exists for some served model
         self.on_serving_changed = None  # async callable(bool), e.g. the gRPC health servicer
@@ -94,6 +95,7 @@ class Gateway:
                        asyncio.create_task(self._watch_cancels(), name="gateway-cancels")]
 
     async def close(self) -> None:
+        self._closing = True
         for generation in list(self._active.values()):
             generation.cancel()
         for task in self._tasks:
@@ -359,12 +361,16 @@ class Gateway:
 
     async def _watch_cancels(self) -> None:
         """Cancel requests this replica runs when another replica received their Cancel."""
-        while True:
+        # Messages are polled a second at a time, and the loop also ends on _closing: a task
+        # cancelled while redis-py connects or blocks in a read could swallow the cancel, and
+        # close() then waited for it forever (a gateway stopped right after it started hung).
+        while not self._closing:
             try:
                 async with self._pubsub_redis.pubsub() as pubsub:
                     await pubsub.subscribe(records.CANCEL_CHANNEL)
-                    async for message in pubsub.listen():
-                        if message.get("type") == "message":
+                    while not self._closing:
+                        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                        if message is not None and message.get("type") == "message":
                             generation = self._active.get(message["data"])
                             if generation is not None:
                                 generation.cancel()

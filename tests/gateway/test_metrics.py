@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import urllib.request
 
 import pytest
@@ -58,3 +60,27 @@ def test_metrics_count_what_clients_saw(bench, model_name):
     slowest = max(r.total_s for r in results)
     assert after[("shardline_gateway_request_duration_seconds_sum", m)] >= slowest, \
         "durations are the gateway's own, which the responses report"
+
+
+def test_a_metrics_port_in_use_names_the_flag_and_leaves_nothing_listening(bench, model_name):
+    bench.route(model_name)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(OSError, match=r"cannot listen on 127\.0\.0\.1:\d+ .*; pick another --metrics-port"):
+            bench.start_gateway(model_names=(model_name,), metrics_port=busy.getsockname()[1])
+    gw = bench.start_gateway(model_names=(model_name,), metrics_port=0)  # and a gateway starts fine after
+    assert scrape(gw.metrics_port)[("shardline_gateway_serving", ())] == 1
+
+
+def test_a_gateway_stopped_right_after_it_started_stops(bench, loop_thread, model_name):
+    """The cancel subscription was still connecting; its task once swallowed the cancel and the
+    stop waited forever."""
+    from shardline.gateway.config import GatewayConfig
+    from shardline.gateway.server import start
+
+    bench.route(model_name)
+    for _ in range(3):
+        running = loop_thread.run(start(GatewayConfig(redis_url=bench.redis_url, tokenizer=bench.tokenizer_address,
+                                                      port=0, host="127.0.0.1")))
+        loop_thread.run(asyncio.wait_for(running.stop(0), 10))
