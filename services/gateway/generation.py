@@ -350,10 +350,18 @@ class Generation:
         if call is not None and not call.done():
             call.cancel()
 
+    @property
+    def time_to_first_token_s(self) -> float:
+        """Acceptance to the first generated token; 0 before it."""
+        return max(0.0, self.first_token_at - self.queued_at) if self.first_token_at else 0.0
+
+    @property
+    def elapsed_s(self) -> float:
+        """Acceptance to now."""
+        return max(0.0, time.time() - self.queued_at)
+
     def _complete(self, reason: str, matched_stop: str) -> Complete:
-        now = time.time()
-        ttft = self.first_token_at - self.queued_at if self.first_token_at else 0.0
-        total = now - self.queued_at
+        ttft, total = self.time_to_first_token_s, self.elapsed_s
         admitted = self.gateway.admitted_at.get(self.request_id, 0.0)
         n = len(self.generated)
         decode = (n - 1) / (total - ttft) if n > 1 and total > ttft else 0.0

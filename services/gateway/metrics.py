@@ -11,7 +11,6 @@ part alone. The stage replicas' own metrics (steps, busy seconds, KV blocks) are
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
@@ -53,17 +52,16 @@ class GatewayMetrics:
         self.refused.labels(code_name).inc()
 
     def request_ended(self, g: "Generation", state: str, admitted_at: float) -> None:
-        now = time.time()
         self.requests.labels(g.model, state.lower()).inc()
         self.prompt_tokens.labels(g.model).inc(len(g.prompt_token_ids))
         self.generated_tokens.labels(g.model).inc(len(g.generated))
         if g.num_resumes:
             self.resumes.labels(g.model).inc(g.num_resumes)
         if g.first_token_at:
-            self.ttft.labels(g.model).observe(max(0.0, g.first_token_at - g.queued_at))
+            self.ttft.labels(g.model).observe(g.time_to_first_token_s)
         if admitted_at:
             self.queue.labels(g.model).observe(max(0.0, admitted_at - g.queued_at))
-        self.duration.labels(g.model).observe(max(0.0, now - g.queued_at))
+        self.duration.labels(g.model).observe(g.elapsed_s)
 
     def serve(self, port: int, host: str) -> int:
         """Start the /metrics endpoint on its own thread; returns the port bound (port 0: any)."""

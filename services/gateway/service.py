@@ -174,7 +174,7 @@ class Gateway:
         log.info("request %s %s%s: model %s, %d prompt + %d generated tokens, first token %.3fs, total %.3fs, "
                  "%d resumes, route %s%s", g.request_id, state.lower(), f" ({reason.lower()})" if reason else "",
                  g.model, len(g.prompt_token_ids), len(g.generated),
-                 g.first_token_at - g.queued_at if g.first_token_at else float("nan"), time.time() - g.queued_at,
+                 g.time_to_first_token_s if g.first_token_at else float("nan"), g.elapsed_s,
                  g.num_resumes, g.route.addresses if g.route else "none", f"; {error}" if error else "")
         if generation.route is not None:
             self.chooser.finished(generation.route, generation.request_id)
