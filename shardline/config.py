@@ -234,6 +234,12 @@ def split_layers(num_layers: int, pp: int, stage_layers: list[int] | None = None
     return ranges
 
 
+def check_port(flag: str, port: int | None) -> None:
+    """A TCP port to listen on: 0..65535, 0 = any free one; None = not listening."""
+    if port is not None and not 0 <= port <= 65535:
+        raise ConfigError(f"{flag} {port} must be in 0..65535 (0 = any free port)")
+
+
 def check_device(device: str, *, here: bool = False) -> None:
     """cpu, cuda or cuda:N; here: also a CUDA device visible on this machine (where a process is
     about to run on it; a config may describe another machine). Imports torch only when not cpu."""

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from shardline.config import ConfigError, check_device
+from shardline.config import ConfigError, check_device, check_port
 from shardline.manifest import Manifest, is_converted
 
 
@@ -105,9 +105,8 @@ class ClusterConfig:
         for flag, value in (("--tp", self.tp), ("--pp", self.pp), ("--replicas", self.replicas)):
             if value < 1:
                 raise ConfigError(f"{flag} {value} must be >= 1")
-        for flag, port in (("--grpc-port", self.grpc_port), ("--http-port", self.http_port)):
-            if port is not None and not 0 <= port <= 65535:
-                raise ConfigError(f"{flag} {port} must be in 0..65535 (0 = any free port)")
+        check_port("--grpc-port", self.grpc_port)
+        check_port("--http-port", self.http_port)
         check_device(self.device, here=True)
 
 

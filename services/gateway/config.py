@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shardline.config import ConfigError
+from shardline.config import ConfigError, check_port
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,8 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if not self.tokenizer and not self.model_tokenizers:
             raise ConfigError("no tokenizer service: give --tokenizer HOST:PORT (or MODEL=HOST:PORT per model)")
-        for what, port in (("--port", self.port), ("--http-port", self.http_port),
-                           ("--metrics-port", self.metrics_port)):
-            if port is not None and not 0 <= port < 65536:
-                raise ConfigError(f"{what} {port} must be in 0..65535 (0 = any free port)")
+        for flag, port in (("--port", self.port), ("--http-port", self.http_port), ("--metrics-port", self.metrics_port)):
+            check_port(flag, port)
         if self.default_max_tokens < 1:
             raise ConfigError(f"default_max_tokens {self.default_max_tokens} must be >= 1")
         for name, n in self.max_model_len.items():
