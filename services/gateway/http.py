@@ -62,6 +62,11 @@ class Request:
     headers: dict[str, str]
     body: bytes
 
+    @property
+    def keep_alive(self) -> bool:
+        """The client may send another request on this connection (it did not ask to close)."""
+        return self.headers.get("connection", "").lower() != "close"
+
 
 async def read_request(reader: asyncio.StreamReader) -> Request | None:
     """One HTTP/1.1 request, or None when the peer closed the connection between requests."""
@@ -245,8 +250,7 @@ class HttpFrontDoor:
                         return  # idle, or trickling its head: closed without an answer, as servers do
                     if request is None:
                         return
-                    keep_alive = await self._dispatch(request, writer) and \
-                        request.headers.get("connection", "").lower() != "close"
+                    keep_alive = await self._dispatch(request, writer) and request.keep_alive
                 except HttpError as e:
                     writer.write(response_bytes(e.status, error_body(e), e.headers, keep_alive=False))
                     keep_alive = False
@@ -279,14 +283,15 @@ class HttpFrontDoor:
 
     async def _health(self, request: Request, writer) -> bool:
         status = 200 if self.gateway.is_serving else 503
-        writer.write(response_bytes(status, {"serving": self.gateway.is_serving}))
+        writer.write(response_bytes(status, {"serving": self.gateway.is_serving}, keep_alive=request.keep_alive))
         return True
 
     async def _models(self, request: Request, writer) -> bool:
         models = await self.gateway.list_models()
         writer.write(response_bytes(200, {"object": "list", "data": [
             {"id": m.name, "object": "model", "created": 0, "owned_by": "shardline", "max_model_len": m.max_model_len,
-             "num_stages": m.num_stages, "tp_size": m.tp_size, "num_routes": m.num_routes} for m in models]}))
+             "num_stages": m.num_stages, "tp_size": m.tp_size, "num_routes": m.num_routes} for m in models]},
+            keep_alive=request.keep_alive))
         return True
 
     async def _completions(self, request: Request, writer) -> bool:
@@ -323,7 +328,8 @@ class HttpFrontDoor:
             choice["message"] = {"role": "assistant", "content": "".join(text)}
         else:
             choice["text"] = "".join(text)
-        writer.write(response_bytes(200, {**envelope, "choices": [choice], "usage": _usage(complete)}))
+        writer.write(response_bytes(200, {**envelope, "choices": [choice], "usage": _usage(complete)},
+                                    keep_alive=request.keep_alive))
         return True
 
     async def _stream(self, events, writer: asyncio.StreamWriter, envelope: dict, chat: bool,

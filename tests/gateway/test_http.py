@@ -171,12 +171,15 @@ def test_idle_and_trickling_connections_are_closed(bench, model_name):
 
 
 def raw_request(port: int, data: bytes) -> tuple[int, dict]:
-    """Send bytes as they are; the status and JSON body of the answer (the connection then closes)."""
+    """Send bytes as they are (asking to close); the status and JSON body of the answer, after
+    checking that the server said it closes and did."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(data)
         response = http.client.HTTPResponse(s)
         response.begin()
-        return response.status, json.loads(response.read())
+        body = json.loads(response.read())
+        assert response.getheader("Connection") == "close" and s.recv(1) == b"", "Connection: close is honoured"
+        return response.status, body
 
 
 def test_chunked_bodies_and_bad_lengths(bench, model_name):
