@@ -27,7 +27,7 @@ import grpc
 import torch
 
 from benchmarks.decode_bench import build
-from shardline.client import AsyncClient
+from shardline.client import AsyncClient, RequestInfo
 from shardline.launcher import ClusterConfig, LocalCluster, free_port
 from shardline.sampling import SamplingParams
 from shardline.v1 import stage_pb2, stage_pb2_grpc
@@ -63,27 +63,31 @@ def served_rounds(args, cluster: LocalCluster, prompts: list[list[int]]) -> list
         c = stage0.GetStatus(stage_pb2.StatusRequest(), timeout=10).counters
         return c.num_steps, c.busy_seconds
 
-    async def one(client: AsyncClient, p: list[int]) -> list[float]:
+    async def one(client: AsyncClient, p: list[int]) -> tuple[list[float], RequestInfo]:
         stamps = []
-        async for d in client.stream(p, model=cluster.model_name, max_tokens=args.new, temperature=0.0,
-                                     ignore_eos=True):
+        stream = client.stream(p, model=cluster.model_name, max_tokens=args.new, temperature=0.0, ignore_eos=True)
+        async for d in stream:
             stamps.extend([time.perf_counter()] * len(d.token_ids))
         assert len(stamps) == args.new, len(stamps)
-        return stamps
+        return stamps, await client.get_request(stream.request_id)
 
     async def run() -> list[tuple]:
         # One SDK client (one HTTP/2 connection, as a service calling shardline keeps), connected
         # before the clock starts: the round times the serving path, not connection set-up.
         async with AsyncClient(cluster.gateway_address) as client:
-            await one(client, prompts[0])  # warm-up through the whole path
+            # Warm-up: one uncounted round of the same burst, so that every shape the rounds meet
+            # (prefill chunks of however many requests land together) is compiled and cached first.
+            await asyncio.gather(*(one(client, p) for p in prompts))
             rounds = []
             for _ in range(args.rounds):
                 steps0, busy0 = counters()
-                t = time.perf_counter()
-                streams = await asyncio.gather(*(one(client, p) for p in prompts))
-                wall = time.perf_counter() - t
+                t, t_unix = time.perf_counter(), time.time()
+                done = await asyncio.gather(*(one(client, p) for p in prompts))
+                wall = max(s[-1] for s, _ in done) - t
                 steps1, busy1 = counters()
-                rounds.append((wall, t, streams, steps1 - steps0, busy1 - busy0))
+                # the gateway's own stamps (unix time, this machine's clock), from the round's start
+                gateway = [(info.queued_at - t_unix, info.first_token_at - t_unix) for _, info in done]
+                rounds.append((wall, t, [s for s, _ in done], steps1 - steps0, busy1 - busy0, gateway))
             return rounds
 
     try:
@@ -93,7 +97,7 @@ def served_rounds(args, cluster: LocalCluster, prompts: list[list[int]]) -> list
 
 
 def summary(batch: int, new: int, engine_s: float, rounds: list[tuple]) -> dict:
-    served_s, t0, streams, _, _ = min(rounds, key=lambda r: r[0])
+    served_s, t0, streams, _, _, gateway = min(rounds, key=lambda r: r[0])
     gaps = [b - a for s in streams for a, b in zip(s, s[1:])]
     first = sorted(s[0] - t0 for s in streams)  # time to first token, from the round's start
     last = sorted(s[-1] - t0 for s in streams)
@@ -103,6 +107,10 @@ def summary(batch: int, new: int, engine_s: float, rounds: list[tuple]) -> dict:
             "served_over_engine": round(engine_s / served_s, 3),
             "served_ms_between_tokens": round(1e3 * sum(gaps) / max(len(gaps), 1), 2),
             "served_first_token_ms": spread(first), "served_last_token_ms": spread(last),
+            # where the first token's time goes: the gateway accepts the request (queued), stage 0's
+            # token reaches the gateway, the client gets it (after detokenizing and the stream)
+            "gateway_queued_ms": spread(sorted(q for q, _ in gateway)),
+            "gateway_first_token_ms": spread(sorted(f for _, f in gateway)),
             "served_rounds_s": [round(r[0], 3) for r in rounds],
             # stage 0's steps in each round, and the seconds it spent in them: a step count above
             # `new` + a few means arrivals split the batch; busy far below the round's wall means
@@ -120,7 +128,8 @@ def main() -> None:
     ap.add_argument("--batch", default="16", help="comma list of batch sizes")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=2, help="served rounds per batch; the fastest counts")
+    ap.add_argument("--rounds", type=int, default=3, help="served rounds per batch (after an uncounted "
+                    "warm-up round); the fastest counts")
     ap.add_argument("--workdir", help="keep the cluster's logs here (with --trace: a line per stage-0 step)")
     ap.add_argument("--trace", action="store_true", help="stage workers log at DEBUG: every step's rows and path")
     ap.add_argument("--out")
@@ -150,7 +159,9 @@ def main() -> None:
               f"-> served/engine {r['served_over_engine']}{' (bar >= 0.9)' if r['batch'] == 16 else ''}\n"
               f"  first token at {r['served_first_token_ms']} ms (min, median, max from the round's start), "
               f"last at {r['served_last_token_ms']}; rounds {r['served_rounds_s']} s, stage-0 steps "
-              f"{r['served_round_steps']}, busy {r['served_round_busy_s']} s")
+              f"{r['served_round_steps']}, busy {r['served_round_busy_s']} s\n"
+              f"  the gateway accepted them at {r['gateway_queued_ms']} ms and had their first tokens at "
+              f"{r['gateway_first_token_ms']} ms")
 
 
 if __name__ == "__main__":
