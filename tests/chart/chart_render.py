@@ -1,0 +1,74 @@
+"""The chart rendered by the real Helm engine (helm_python: Helm v4's Go SDK through ctypes), as
+plain Kubernetes objects the tests can walk: workloads, their pod specs, Services, selectors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import helm_python
+import yaml
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "shardline"
+RELEASE = "demo"
+NAMESPACE = "serving"
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
+
+
+def render(values: dict[str, Any] | None = None, release: str = RELEASE) -> list[dict[str, Any]]:
+    """Every object the chart renders with `values` over its defaults (hooks included), NOTES.txt
+    left out. Raises helm_python.HelmError on bad values or a template that fails."""
+    with helm_python.Chart.load(CHART) as chart:
+        manifests = chart.render(values or {}, name=release, namespace=NAMESPACE)
+    objects = []
+    for path, text in sorted(manifests.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        objects += [doc for doc in yaml.safe_load_all(text) if doc]
+    return objects
+
+
+def notes(values: dict[str, Any] | None = None) -> str:
+    with helm_python.Chart.load(CHART) as chart:
+        manifests = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE)
+    return manifests["shardline/templates/NOTES.txt"]
+
+
+def of_kind(objects: list[dict], kind: str) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def workloads(objects: list[dict]) -> Iterator[dict]:
+    return (o for o in objects if o["kind"] in WORKLOAD_KINDS)
+
+
+def pod_spec(workload: dict) -> dict:
+    return workload["spec"]["template"]["spec"]
+
+
+def containers(objects: list[dict]) -> Iterator[tuple[dict, dict]]:
+    """(workload, container) for every container of every workload."""
+    for w in workloads(objects):
+        for c in pod_spec(w)["containers"]:
+            yield w, c
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def selected_workloads(service: dict, objects: list[dict]) -> list[dict]:
+    """The workloads whose pods `service` selects."""
+    return [w for w in workloads(objects)
+            if selects(service["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])]
+
+
+def stage_name(stage: int, release: str = RELEASE) -> str:
+    return f"{release}-shardline-stage-{stage}"
+
+
+def flag(args: list[str], name: str) -> str:
+    """The value after `name` in args; fails the test when the flag is missing or repeated."""
+    positions = [i for i, a in enumerate(args) if a == name]
+    assert len(positions) == 1, f"{name} appears {len(positions)} times in {args}"
+    return args[positions[0] + 1]
