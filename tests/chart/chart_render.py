@@ -3,6 +3,7 @@ plain Kubernetes objects the tests can walk: workloads, their pod specs, Service
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -72,3 +73,19 @@ def flag(args: list[str], name: str) -> str:
     positions = [i for i, a in enumerate(args) if a == name]
     assert len(positions) == 1, f"{name} appears {len(positions)} times in {args}"
     return args[positions[0] + 1]
+
+
+def pod_env(container: dict, pod_ip: str, pod_name: str) -> dict[str, str]:
+    """The container's environment as the kubelet resolves it for a pod at `pod_ip`."""
+    fields = {"status.podIP": pod_ip, "metadata.name": pod_name}
+    env = {}
+    for e in container.get("env", []):
+        env[e["name"]] = fields[e["valueFrom"]["fieldRef"]["fieldPath"]] if "valueFrom" in e else e["value"]
+    return env
+
+
+def expand(arg: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion in command and args: a defined variable is replaced, "$$" is a
+    literal "$", anything else stays as written."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), arg)
