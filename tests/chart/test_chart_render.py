@@ -181,7 +181,7 @@ def test_converter_job_is_a_pre_install_hook_writing_the_model():
 def test_model_volume_is_mounted_read_only_everywhere_it_is_served():
     for values in ({}, {"model": {"volume": {"persistentVolumeClaim": "", "hostPath": "/srv/models"}}}):
         for w, c in containers(render(values)):
-            if w["kind"] in ("StatefulSet",) or c["name"] in ("gateway", "tokenizer"):
+            if w["kind"] == "StatefulSet" or c["name"] in ("gateway", "tokenizer"):
                 (mount,) = [m for m in c["volumeMounts"] if m["name"] == "model"]
                 assert mount["readOnly"] is True
 
