@@ -280,7 +280,7 @@ class LocalCluster:
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM in reverse start order (gateway first, Redis last), then SIGKILL stragglers."""
-        for _, proc in reversed(self.procs):
+        for _, proc in self._stop_order():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
@@ -292,6 +292,19 @@ class LocalCluster:
         self.procs.clear()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _stop_order(self) -> list[tuple[str, subprocess.Popen]]:
+        """Reverse start order, except that a TP group's followers come right after its rank 0:
+        they ignore SIGTERM and exit once rank 0, draining, tells them to stop."""
+        order, followers = [], {}
+        for name, proc in reversed(self.procs):
+            group, _, rank = name.rpartition("-rank")
+            if group and rank != "0":
+                followers.setdefault(group, []).append((name, proc))
+                continue
+            order.append((name, proc))
+            order.extend(followers.pop(group, []) if group else [])
+        return order + [p for group in followers.values() for p in group]
 
     def keep_workdir(self) -> None:
         """Leave the working directory (models, logs) in place on stop, even a temporary one."""

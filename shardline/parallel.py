@@ -8,6 +8,8 @@ process group exists at all, so the single-rank path needs no torch.distributed.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -108,3 +110,22 @@ def init_tp_group(rank: int, size: int, init_method: str | None, device: str = "
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size)
     group = dist.new_group(list(range(size)), backend=backend)
     return TPGroup(rank=rank, size=size, group=group, device=dev)
+
+
+def leave_tp_group(tp: TPGroup, ok: bool = True) -> None:
+    """Tear down a TP rank's process group as its process ends; with a GPU, end the process here.
+
+    Left to the interpreter's exit, gloo's threads can abort the process ("terminate called
+    without an active exception"), so on CPU the group is destroyed first. On CUDA,
+    destroy_process_group hangs once NCCL collectives were captured in CUDA graphs
+    (pytorch/pytorch#115388; seen here on two H200s, torch 2.11, NCCL 2.28.9), so the process
+    leaves with os._exit (status 0 if `ok`, else 1) without tearing the communicators down."""
+    if tp.size == 1:
+        return
+    if tp.device.type != "cuda":
+        dist.destroy_process_group()
+        return
+    torch.cuda.synchronize()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if ok else 1)

@@ -11,10 +11,8 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import multiprocessing.connection
-import os
 import signal
 import socket
-import sys
 import traceback
 import uuid
 from pathlib import Path
@@ -23,7 +21,7 @@ import torch
 
 from shardline.config import EngineConfig
 from shardline.manifest import Manifest
-from shardline.parallel import TPGroup, init_tp_group, rank_device, single_rank
+from shardline.parallel import TPGroup, init_tp_group, leave_tp_group, rank_device, single_rank
 from shardline.sampling import SamplingParams
 from shardline.stage_worker.batch import SequenceChunk, StageBatch
 from shardline.stage_worker.engine import StageEngine, follow, stop_followers
@@ -133,17 +131,9 @@ def _rank_main(rank: int, size: int, init_method: str, model_dir: str, config: E
                 pipeline.close()
         ok = True
     finally:
-        if tp.device.type == "cuda":
-            # destroy_process_group hangs once NCCL collectives were captured in CUDA graphs
-            # (pytorch/pytorch#115388; seen here on two H200s, torch 2.11, NCCL 2.28.9): the
-            # result is already sent, so leave without tearing the communicators down.
-            if not ok:
-                traceback.print_exc()
-            torch.cuda.synchronize()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0 if ok else 1)
-        torch.distributed.destroy_process_group()
+        if not ok and tp.device.type == "cuda":
+            traceback.print_exc()  # leave_tp_group's os._exit skips the interpreter's report
+        leave_tp_group(tp, ok)  # the result is already sent
 
 
 def _wait_for_result(receiver, procs: list) -> tuple | None:

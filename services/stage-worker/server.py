@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from shardline.config import ConfigError, EngineConfig, check_device
-from shardline.parallel import init_tp_group, rank_device
+from shardline.parallel import init_tp_group, leave_tp_group, rank_device
 from shardline.registry import Registry, ReplicaInfo
 from shardline.stage_worker.engine import StageEngine, follow
 from shardline.stage_worker.convert import sampling_from_proto
@@ -140,7 +140,7 @@ class StageWorkerProcess:
 
     def __init__(self, config: StageWorkerConfig) -> None:
         self.config = config
-        tp = init_tp_group(0, config.tp_size, config.tp_init, config.engine.device)
+        self.tp = tp = init_tp_group(0, config.tp_size, config.tp_init, config.engine.device)
         engine = build_engine(config, tp)
         # so_reuseport off: a port another server holds is an error here, not a shared listener
         # that hands this replica's connections to a stranger.
@@ -221,12 +221,20 @@ def build_engine(config: StageWorkerConfig, tp) -> StageEngine:
 
 
 def run_stage_worker_process(config: StageWorkerConfig) -> None:
-    """Blocks until SIGTERM/SIGINT. Followers (tp_rank > 0) only compute."""
+    """Blocks until SIGTERM/SIGINT. Followers (tp_rank > 0) only compute, and stop when rank 0
+    says so."""
     config.engine = dataclasses.replace(config.engine, device=rank_device(config.engine.device, config.tp_rank))
     if config.tp_rank > 0:
+        # A follower must outlive its rank 0's drain, which needs it for every step: Kubernetes
+        # sends SIGTERM to all the containers of a pod at once, and Ctrl-C reaches a whole process
+        # group. So it ignores both and returns when rank 0 broadcasts "stop"; if rank 0 dies
+        # instead, the next collective fails and the follower exits with it.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
         tp = init_tp_group(config.tp_rank, config.tp_size, config.tp_init, config.engine.device)
         engine = build_engine(config, tp)
         follow(tp, {config.stage: engine})
+        leave_tp_group(tp)
         return
     proc = StageWorkerProcess(config)
     proc.start()
@@ -236,6 +244,7 @@ def run_stage_worker_process(config: StageWorkerConfig) -> None:
     print(f"READY {proc.worker.address}", flush=True)  # launchers wait for this line
     done.wait()
     proc.shutdown()
+    leave_tp_group(proc.tp)
 
 
 def parse_args(argv: list[str] | None = None) -> StageWorkerConfig:
@@ -269,7 +278,7 @@ def parse_args(argv: list[str] | None = None) -> StageWorkerConfig:
     p.add_argument("--orphan-timeout", type=float, default=300.0,
                    help="stages > 0: free the KV of sequences untouched this many seconds (stage 0 died)")
     a = p.parse_args(argv)
-    check_device(a.device, here=True)
+    check_device(a.device)  # the string; whether such a GPU is visible here is main()'s check
     engine = EngineConfig(device=a.device, num_blocks=a.num_blocks, block_size=a.block_size,
                           gpu_memory_fraction=a.gpu_memory_fraction, max_model_len=a.max_model_len,
                           max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, gemm_config=a.gemm_config,
@@ -290,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         config = parse_args(argv)
+        check_device(config.engine.device, here=True)
         run_stage_worker_process(config)
     except ConfigError as e:
         print(f"shardline stage-worker: error: {e}", flush=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 from .server import TokenizerServerConfig, run_tokenizer_process
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m shardline.tokenizer",
                                      description="Serve a model's tokenizer over gRPC (shardline.v1.Tokenizer).")
     parser.add_argument("--model", required=True, type=Path,
@@ -17,10 +17,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grace-seconds", type=float, default=TokenizerServerConfig.grace_seconds,
                         help="on SIGTERM, how long open streams may take to finish")
     parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> TokenizerServerConfig:
+    return TokenizerServerConfig(model_dir=args.model, address=args.address, grace_seconds=args.grace_seconds)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_tokenizer_process(TokenizerServerConfig(model_dir=args.model, address=args.address,
-                                                grace_seconds=args.grace_seconds))
+    run_tokenizer_process(config_from_args(args))
 
 
 if __name__ == "__main__":

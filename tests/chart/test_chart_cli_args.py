@@ -11,7 +11,6 @@ import pytest
 
 from chart_render import CHART, RELEASE, containers, expand, pod_env, render, stage_name
 from shardline import cli as shardline_cli
-from shardline import config as shardline_config
 from shardline.gateway.cli import build_parser as gateway_parser
 from shardline.gateway.cli import config_from_args as gateway_config
 from shardline.stage_worker import server as stage_worker_server
@@ -36,30 +35,13 @@ VALUES = {
 }
 
 
-@pytest.fixture
-def cuda_anywhere(monkeypatch):
-    """The stage worker checks that a CUDA GPU is visible where it parses --device cuda; the pod
-    has one, this test machine may not. The device string itself is still checked."""
-    monkeypatch.setattr(stage_worker_server, "check_device",
-                        lambda device, here=False: shardline_config.check_device(device))
-
-
-@pytest.fixture
-def tokenizer_configs(monkeypatch):
-    """The tokenizer builds its parser inside main(): run main() with the server replaced by a
-    recorder of the config it would have served."""
-    seen = []
-    monkeypatch.setattr(tokenizer_main, "run_tokenizer_process", seen.append)
-    return seen
-
-
 def merged(values: dict) -> dict:
     """The values a release would use; Helm drops keys whose value is null."""
     with helm_python.Chart.load(CHART) as chart:
         return chart.merge_values(values)
 
 
-def parse(workload: dict, container: dict, tokenizer_configs: list):
+def parse(workload: dict, container: dict):
     """(service, parsed config) for one rendered container, through its service's own parser."""
     env = pod_env(container, POD_IP, f"{workload['metadata']['name']}-0")
     command = [expand(a, env) for a in container.get("command", [])]
@@ -72,15 +54,14 @@ def parse(workload: dict, container: dict, tokenizer_configs: list):
         if module == "shardline.gateway":
             return "gateway", gateway_config(gateway_parser().parse_args(args))
         if module == "shardline.tokenizer":
-            tokenizer_main.main(args)
-            return "tokenizer", tokenizer_configs.pop()
+            return "tokenizer", tokenizer_main.config_from_args(tokenizer_main.build_parser().parse_args(args))
     if command == ["shardline", "convert"]:
         return "convert", shardline_cli.build_parser().parse_args(["convert", *args])
     return None, None
 
 
 @pytest.mark.parametrize("name", VALUES)
-def test_every_container_parses_with_its_service_parser(name, cuda_anywhere, tokenizer_configs):
+def test_every_container_parses_with_its_service_parser(name):
     values = merged(VALUES[name])
     objects = render(VALUES[name])
     fullname = f"{RELEASE}-shardline"
@@ -90,7 +71,7 @@ def test_every_container_parses_with_its_service_parser(name, cuda_anywhere, tok
     tp, pp = values["tp"], values["pp"]
     seen: dict[str, list] = {"stage_worker": [], "gateway": [], "tokenizer": [], "convert": []}
     for workload, container in containers(objects):
-        service, config = parse(workload, container, tokenizer_configs)
+        service, config = parse(workload, container)
         if service is None:
             assert container["name"] == "redis", f"{container['name']} runs no shardline command"
             continue
@@ -149,7 +130,7 @@ def test_every_container_parses_with_its_service_parser(name, cuda_anywhere, tok
         assert args.overwrite is conv["overwrite"]
 
 
-def test_a_flag_the_stage_worker_lacks_is_refused(cuda_anywhere):
+def test_a_flag_the_stage_worker_lacks_is_refused():
     """The parse above is real: a flag the CLI does not have fails it."""
     with pytest.raises(SystemExit):
         stage_worker_server.parse_args(["--model", "/m", "--stage", "0", "--dtype", "bf16"])

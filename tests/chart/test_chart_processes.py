@@ -139,6 +139,12 @@ def test_rendered_pods_serve_a_request(tp, tmp_path, redis_server, tiny_hf):
         with Client(services["demo-shardline-gateway:50051"], timeout=30) as client:
             result = client.generate("Hello", model=f"{MODEL_NAME}-tp{tp}", max_tokens=4, ignore_eos=True, temperature=0.0)
         assert len(result.token_ids) == 4, "tokens must come back through stage 0, stage 1 and the gateway"
+        # The kubelet's stop: SIGTERM to every container at once (followers included), and each
+        # must exit cleanly within its grace period.
+        for _, proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        codes = {name: proc.wait(timeout=30) for name, proc in procs}
+        assert set(codes.values()) == {0}, f"every container exits 0 on SIGTERM: {codes}"
     except BaseException:
         for name, _ in procs:
             print(f"--- {name}\n{(tmp_path / f'{name}.log').read_text()[-3000:]}")

@@ -142,8 +142,8 @@ def test_pp3_tp2_stages_with_a_replica_override():
         for rank0_only in ("--port", "--redis-url", "--advertise-host"):
             assert rank0_only not in rank1["args"], f"only rank 0 serves and registers ({rank0_only})"
         assert "ports" not in rank1
-        # Rank 1 must outlive rank 0's drain: its SIGTERM waits in preStop.
-        assert int(rank1["lifecycle"]["preStop"]["exec"]["command"][1]) >= 45
+        # Rank 1 outlives rank 0's drain by ignoring SIGTERM itself, not through a hook.
+        assert "lifecycle" not in rank1
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

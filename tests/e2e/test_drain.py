@@ -85,3 +85,35 @@ def test_sigterm_while_redis_is_silent_still_drains_and_exits(tmp_path):
             redis_proc.send_signal(signal.SIGCONT)
         log = (cluster.logdir / "stage0-replica0-rank0.log").read_text()
         assert "registry heartbeat failed during shutdown" in log, log[-2000:]
+
+
+
+def test_sigterm_to_every_rank_of_a_tp_group_at_once_finishes_in_place(tmp_path):
+    """Kubernetes signals every container of a pod at once, so a TP=2 replica's follower gets
+    SIGTERM together with its rank 0. The follower must keep computing through rank 0's drain:
+    the streams finish in place with the tokens of an undisturbed run, and both ranks exit 0."""
+    config = ClusterConfig(tp=2, pp=1, replicas=1, num_blocks=128, grpc_port=free_port(), workdir=str(tmp_path))
+    with LocalCluster(config) as cluster, Client(cluster.gateway_address, timeout=120) as client:
+        params = dict(max_tokens=96, temperature=0.9, seed=5, ignore_eos=True)
+        prompts = PROMPTS[:4]
+        want = [client.generate(p, **params).token_ids for p in prompts]
+        running: set[int] = set()
+
+        def stream(i: int, p: list[int]) -> list[int]:
+            out = []
+            for d in client.stream(p, **params):
+                out.extend(d.token_ids)
+                running.add(i)
+            return out
+
+        with cf.ThreadPoolExecutor(len(prompts)) as pool:
+            futures = [pool.submit(stream, i, p) for i, p in enumerate(prompts)]
+            deadline = time.monotonic() + 60
+            while len(running) < len(prompts) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            ranks = [cluster.process(f"stage0-replica0-rank{r}") for r in (0, 1)]
+            for proc in ranks:
+                proc.send_signal(signal.SIGTERM)
+            got = [f.result(timeout=120) for f in futures]
+        assert got == want, "rank 0 could not finish its sequences: did its follower die with its SIGTERM?"
+        assert [p.wait(timeout=60) for p in ranks] == [0, 0], "both ranks exit cleanly after the drain"
