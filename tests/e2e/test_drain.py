@@ -37,23 +37,9 @@ def test_sigterm_to_a_stage0_replica_loses_no_request(tmp_path, drain_timeout_s,
     with LocalCluster(config) as cluster, Client(cluster.gateway_address, timeout=120) as client:
         sampling = SamplingParams(max_tokens=max_tokens, temperature=0.9, seed=3, ignore_eos=True)
         want = generate_local(cluster.model_dir, PROMPTS, sampling, EngineConfig(num_blocks=128))
-        running: set[int] = set()
-
-        def stream(i: int, p: list[int]) -> list[int]:
-            out = []
-            for d in client.stream(p, max_tokens=max_tokens, temperature=0.9, seed=3, ignore_eos=True):
-                out.extend(d.token_ids)
-                if len(out) >= 2:
-                    running.add(i)
-            return out
-
         with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            futures = [pool.submit(stream, i, p) for i, p in enumerate(PROMPTS)]
-            # SIGTERM once every sequence runs on a replica: a request still on its way to the
-            # victim would be refused and resumed, which is not the case under test.
-            deadline = time.monotonic() + 60
-            while len(running) < len(PROMPTS) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            futures = streams_running(pool, client, PROMPTS, max_tokens=max_tokens, temperature=0.9, seed=3,
+                                      ignore_eos=True)
             victim = cluster.process("stage0-replica0-rank0")
             victim.send_signal(signal.SIGTERM)
             got = [f.result(timeout=120) for f in futures]
@@ -67,6 +53,27 @@ def test_sigterm_to_a_stage0_replica_loses_no_request(tmp_path, drain_timeout_s,
         assert live == {"stage0-replica1"}, "the drained replica must deregister"
         assert len(client.generate([1, 2, 3], max_tokens=4, ignore_eos=True).token_ids) == 4, \
             "the other replica keeps serving"
+
+
+def streams_running(pool: cf.Executor, client: Client, prompts: list[list[int]], **params) -> list[cf.Future]:
+    """A stream per prompt, each collecting its token ids; returns once every stream has had two
+    tokens, so that every sequence runs on a replica (a request still on its way to a replica
+    that gets SIGTERM would be refused and resumed, which is not the case under test)."""
+    running: set[int] = set()
+
+    def stream(i: int, p: list[int]) -> list[int]:
+        out = []
+        for d in client.stream(p, **params):
+            out.extend(d.token_ids)
+            if len(out) >= 2:
+                running.add(i)
+        return out
+
+    futures = [pool.submit(stream, i, p) for i, p in enumerate(prompts)]
+    deadline = time.monotonic() + 60
+    while len(running) < len(prompts) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return futures
 
 
 def test_sigterm_while_redis_is_silent_still_drains_and_exits(tmp_path):
@@ -97,20 +104,8 @@ def test_sigterm_to_every_rank_of_a_tp_group_at_once_finishes_in_place(tmp_path)
         params = dict(max_tokens=96, temperature=0.9, seed=5, ignore_eos=True)
         prompts = PROMPTS[:4]
         want = [client.generate(p, **params).token_ids for p in prompts]
-        running: set[int] = set()
-
-        def stream(i: int, p: list[int]) -> list[int]:
-            out = []
-            for d in client.stream(p, **params):
-                out.extend(d.token_ids)
-                running.add(i)
-            return out
-
         with cf.ThreadPoolExecutor(len(prompts)) as pool:
-            futures = [pool.submit(stream, i, p) for i, p in enumerate(prompts)]
-            deadline = time.monotonic() + 60
-            while len(running) < len(prompts) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            futures = streams_running(pool, client, prompts, **params)
             ranks = [cluster.process(f"stage0-replica0-rank{r}") for r in (0, 1)]
             for proc in ranks:
                 proc.send_signal(signal.SIGTERM)
