@@ -1,6 +1,7 @@
 """How many streamed tokens a second one gateway process can carry, with stage 0 not the limit.
 
     python -m benchmarks.gateway_capacity --streams 64 --step-ms 5 --new 128
+    python -m benchmarks.gateway_capacity --streams 256 --new 1     # a burst of short requests
 
 Everything is real (Redis, the tokenizer service with a synthetic word-level tokenizer of
 Llama-3-8B's vocabulary, the gateway process, the SDK's AsyncClient) except stage 0, which is
@@ -107,26 +108,29 @@ def measure(args) -> dict:
     with PacedFakeStageCluster(config) as cluster:
         pids = {name: p.pid for name, p in cluster.procs if name in ("gateway", "tokenizer")}
 
-        async def rounds() -> tuple[float, int, int, dict]:
+        async def rounds() -> tuple[float, int, int, dict, list[float]]:
             async with AsyncClient(cluster.gateway_address) as client:
-                async def one(i: int) -> tuple[int, int]:
+                async def one(i: int) -> tuple[int, int, str]:
                     tokens = chunks = 0
-                    async for d in client.stream([3 + i] * 16, model=cluster.model_name, max_tokens=args.new,
-                                                 temperature=0.0, ignore_eos=True):
+                    stream = client.stream([3 + i] * 16, model=cluster.model_name, max_tokens=args.new,
+                                           temperature=0.0, ignore_eos=True)
+                    async for d in stream:
                         tokens += len(d.token_ids)
                         chunks += bool(d.token_ids)
                     assert tokens == args.new, tokens
-                    return tokens, chunks
+                    return tokens, chunks, stream.request_id
 
                 await one(0)
                 before = {n: cpu_seconds(p) for n, p in pids.items()}
-                t = time.perf_counter()
+                t, t_unix = time.perf_counter(), time.time()
                 out = await asyncio.gather(*(one(i) for i in range(args.streams)))
                 wall = time.perf_counter() - t
                 cpu = {n: cpu_seconds(p) - before[n] for n, p in pids.items()}
-                return wall, sum(o[0] for o in out), sum(o[1] for o in out), cpu
+                # When the gateway accepted each request (its record's queued_at), after the clock
+                accepted = [1e3 * ((await client.get_request(o[2])).queued_at - t_unix) for o in out]
+                return wall, sum(o[0] for o in out), sum(o[1] for o in out), cpu, sorted(accepted)
 
-        wall, tokens, chunks, cpu = asyncio.run(rounds())
+        wall, tokens, chunks, cpu, accepted = asyncio.run(rounds())
     ideal_s = args.new * args.step_ms / 1e3  # every stream's tokens at the fake engine's pace
     return {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores", "streams": args.streams,
@@ -134,6 +138,9 @@ def measure(args) -> dict:
             "delivered_tok_s": round(tokens / wall), "delivered_over_offered": round(ideal_s / wall, 3),
             "tokens_per_chunk": round(tokens / chunks, 2),
             "gateway_us_per_token": round(1e6 * cpu["gateway"] / tokens, 1),
+            "gateway_ms_per_request": round(1e3 * cpu["gateway"] / args.streams, 2),
+            # the burst's requests, all sent at once: when the gateway had accepted them
+            "accepted_ms": [round(accepted[0], 1), round(accepted[len(accepted) // 2], 1), round(accepted[-1], 1)],
             "tokenizer_us_per_token": round(1e6 * cpu["tokenizer"] / tokens, 1)}
 
 
@@ -161,7 +168,8 @@ def main() -> None:
           f"a step every {args.step_ms} ms: offered {res['offered_tok_s']} tok/s, delivered "
           f"{res['delivered_tok_s']} ({res['delivered_over_offered']} of the pace); "
           f"{res['tokens_per_chunk']} tokens a chunk; gateway {res['gateway_us_per_token']} us CPU a token, "
-          f"tokenizer {res['tokenizer_us_per_token']}")
+          f"tokenizer {res['tokenizer_us_per_token']}; gateway {res['gateway_ms_per_request']} ms CPU a request, "
+          f"all accepted by {res['accepted_ms'][2]} ms (median {res['accepted_ms'][1]})")
 
 
 if __name__ == "__main__":
