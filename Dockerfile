@@ -9,8 +9,9 @@
 # needs 3.11 or 3.12).
 FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 
+# gcc and Python's headers: Triton compiles its kernel launchers (C against Python.h) on first use.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc \
     && rm -rf /var/lib/apt/lists/*
 
 # A virtualenv: the system Python refuses pip installs (PEP 668). Its bin/ holds `python` and
