@@ -12,6 +12,7 @@ COMMANDS = [
     ("up", "shardline.launcher", "run the whole system locally: Redis, tokenizer, stage workers, gateway"),
     ("tune-gemm", "shardline.gemm_tuning", "time GEMM candidates for a model's shapes on this GPU; write the choice"),
     ("generate", "shardline.stage_worker.cli", "run a converted model locally on token ids (every stage and rank)"),
+    ("request", "shardline.client.cli", "send one request through a running gateway and print the completion"),
 ]
 
 

@@ -43,13 +43,20 @@ def workloads(objects: list[dict]) -> Iterator[dict]:
     return (o for o in objects if o["kind"] in WORKLOAD_KINDS)
 
 
-def pod_spec(workload: dict) -> dict:
-    return workload["spec"]["template"]["spec"]
+def helm_test_pods(objects: list[dict]) -> list[dict]:
+    """The pods `helm test` runs (the "test" hook)."""
+    return [o for o in objects
+            if o["kind"] == "Pod" and o["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+
+
+def pod_spec(obj: dict) -> dict:
+    """The pod spec of a workload's template, or of a bare Pod."""
+    return obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
 
 
 def containers(objects: list[dict]) -> Iterator[tuple[dict, dict]]:
-    """(workload, container) for every container of every workload."""
-    for w in workloads(objects):
+    """(workload or test pod, container) for every container the release runs."""
+    for w in [*workloads(objects), *helm_test_pods(objects)]:
         for c in pod_spec(w)["containers"]:
             yield w, c
 

@@ -55,8 +55,8 @@ def parse(workload: dict, container: dict):
             return "gateway", gateway_config(gateway_parser().parse_args(args))
         if module == "shardline.tokenizer":
             return "tokenizer", tokenizer_main.config_from_args(tokenizer_main.build_parser().parse_args(args))
-    if command == ["shardline", "convert"]:
-        return "convert", shardline_cli.build_parser().parse_args(["convert", *args])
+    if command[:1] == ["shardline"] and command[1:2] in (["convert"], ["request"]):
+        return command[1], shardline_cli.build_parser().parse_args([command[1], *args])
     return None, None
 
 
@@ -69,7 +69,7 @@ def test_every_container_parses_with_its_service_parser(name):
     model_dir = f"/models/{values['model']['path']}"
     model_name = values["model"]["name"] or values["model"]["path"].rsplit("/", 1)[-1]
     tp, pp = values["tp"], values["pp"]
-    seen: dict[str, list] = {"stage_worker": [], "gateway": [], "tokenizer": [], "convert": []}
+    seen: dict[str, list] = {"stage_worker": [], "gateway": [], "tokenizer": [], "convert": [], "request": []}
     for workload, container in containers(objects):
         service, config = parse(workload, container)
         if service is None:
@@ -117,6 +117,9 @@ def test_every_container_parses_with_its_service_parser(name):
     _, _, tok = seen["tokenizer"][0]
     assert str(tok.model_dir) == model_dir, "the tokenizer reads the files convert copied into the model"
     assert tok.address == f"0.0.0.0:{values['tokenizer']['port']}"
+
+    ((_, _, test),) = seen["request"]  # `helm test`'s pod
+    assert (test.gateway, test.model) == (f"{fullname}-gateway:{g['port']}", model_name)
 
     conv = values["converter"]
     assert len(seen["convert"]) == (1 if conv["enabled"] else 0)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from chart_render import NAMESPACE, expand, of_kind, pod_env, pod_spec, render, selects, workloads
+from chart_render import NAMESPACE, expand, helm_test_pods, of_kind, pod_env, pod_spec, render, selects, workloads
 from shardline.client import Client
 from shardline.converter import convert
 from shardline.launcher import free_port, wait_healthy
@@ -90,6 +90,8 @@ def local_command(pod: Pod, container: dict, services: dict[str, str]) -> tuple[
             if arg == mount_path or arg.startswith(mount_path + "/"):
                 arg = host_path + arg[len(mount_path):]
         out.append(arg)
+    if out[0] == "shardline":  # the console script of the image's shardline install
+        return [sys.executable, "-m", "shardline.cli", *out[1:]], env
     assert out[:2] == ["python", "-m"], out
     return [sys.executable, *out[1:]], env
 
@@ -139,6 +141,12 @@ def test_rendered_pods_serve_a_request(tp, tmp_path, redis_server, tiny_hf):
         with Client(services["demo-shardline-gateway:50051"], timeout=30) as client:
             result = client.generate("Hello", model=f"{MODEL_NAME}-tp{tp}", max_tokens=4, ignore_eos=True, temperature=0.0)
         assert len(result.token_ids) == 4, "tokens must come back through stage 0, stage 1 and the gateway"
+        # `helm test`: its pod's command, run once; its exit status is the verdict.
+        (test,) = helm_test_pods(objects)
+        pod = Pod(test["metadata"]["name"], test["metadata"]["labels"], test["spec"])
+        cmd, env = local_command(pod, test["spec"]["containers"][0], services)
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+        assert run.returncode == 0, f"helm test failed: {run.stderr}"
         # The kubelet's stop: SIGTERM to every container at once (followers included), and each
         # must exit cleanly within its grace period.
         for _, proc in procs:

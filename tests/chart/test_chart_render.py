@@ -7,7 +7,7 @@ import helm_python
 import pytest
 
 from chart_render import (CHART, RELEASE, containers, flag, notes, of_kind, pod_spec, render,
-                          selected_workloads, selects, stage_name, workloads)
+                          selected_workloads, selects, stage_name, helm_test_pods, workloads)
 
 # Every optional piece switched on, so lint and the wiring checks see every template line.
 EVERYTHING_ON = {"tp": 2, "pp": 3, "stages": {"metricsPort": 9400, "numBlocks": 512, "gemmConfig": "gemm-h200.json",
@@ -37,15 +37,29 @@ def test_lint_catches_bad_values():
 
 def test_defaults_render_the_designed_objects():
     objects = render()
-    names = {kind: sorted(of_kind(objects, kind)) for kind in ("Service", "Deployment", "StatefulSet", "Job")}
+    names = {kind: sorted(of_kind(objects, kind)) for kind in ("Service", "Deployment", "StatefulSet", "Job", "Pod")}
     assert names == {
         "Service": sorted([f"{RELEASE}-shardline-{n}" for n in ("gateway", "tokenizer", "redis")]
                           + [stage_name(0), stage_name(1)]),
         "Deployment": sorted(f"{RELEASE}-shardline-{n}" for n in ("gateway", "tokenizer", "redis")),
         "StatefulSet": [stage_name(0), stage_name(1)],
         "Job": [],  # the converter is off by default
+        "Pod": [f"{RELEASE}-shardline-test-generate"],  # `helm test`
     }
-    assert {o["kind"] for o in objects} == {"Service", "Deployment", "StatefulSet"}
+    assert {o["kind"] for o in objects} == {"Service", "Deployment", "StatefulSet", "Pod"}
+
+
+def test_helm_test_sends_a_request_through_the_gateway_service():
+    objects = render({"gateway": {"port": 50061}, "model": {"name": "llama3"}})
+    (pod,) = helm_test_pods(objects)
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["restartPolicy"] == "Never", "a test pod runs once: its exit status is the verdict"
+    (c,) = pod["spec"]["containers"]
+    assert c["command"] == ["shardline", "request"]
+    gateway = of_kind(objects, "Service")[f"{RELEASE}-shardline-gateway"]
+    host, port = flag(c["args"], "--gateway").split(":")
+    assert (host, int(port)) == (gateway["metadata"]["name"], gateway["spec"]["ports"][0]["port"])
+    assert flag(c["args"], "--model") == "llama3"
 
 
 @pytest.mark.parametrize("values", RENDERINGS.values(), ids=RENDERINGS.keys())

@@ -8,6 +8,7 @@ RESOURCE_EXHAUSTED carries the server's retry hint.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from concurrent import futures
 
@@ -204,3 +205,21 @@ def test_a_value_the_wire_cannot_carry_names_its_parameter(fake, kwargs, needle)
             list(client.stream(prompt, **kwargs))
         assert fake.calls == [], "nothing is sent"
         assert client.generate("hi").text, "the client keeps working"
+
+
+def test_shardline_request_prints_the_completion(fake, capsys):
+    from shardline.cli import main
+
+    assert main(["request", "--gateway", fake.address, "Hello"]) == 0
+    assert capsys.readouterr().out == "ok\n"
+    assert main(["request", "--gateway", fake.address, "--json", "Hello"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["text"], result["token_ids"], result["finish_reason"]) == ("ok", [1, 2], "length")
+
+
+def test_shardline_request_exits_1_naming_the_gateways_error(fake, capsys):
+    from shardline.cli import main
+
+    fake.num_failures, fake.code = 1, grpc.StatusCode.INVALID_ARGUMENT
+    assert main(["request", "--gateway", fake.address, "Hello"]) == 1
+    assert capsys.readouterr().err == "shardline request: INVALID_ARGUMENT: fake INVALID_ARGUMENT\n"
