@@ -1,5 +1,9 @@
 """The gateway's side of the tokenizer service: encode, chat template, info, streaming detokenize.
 
+Every request's detokenization shares one DetokenizeMany stream to its tokenizer (DetokenizeMux):
+a stream of its own cost each request two gRPC messages and their asyncio work a token, about as
+much gateway CPU as everything else it does for a token.
+
 gRPC failures become typed gateway errors here, so the rest of the gateway never sees a status code
 from the tokenizer.
 """
@@ -30,8 +34,10 @@ class TokenizerClient:
         self._channel = grpc.aio.insecure_channel(address)
         self._stub = tokenizer_pb2_grpc.TokenizerStub(self._channel)
         self._info: tokenizer_pb2.TokenizerInfo | None = None
+        self._mux = DetokenizeMux(self)
 
     async def close(self) -> None:
+        self._mux.close()
         await self._channel.close()
 
     async def info(self) -> tokenizer_pb2.TokenizerInfo:
@@ -62,66 +68,149 @@ class TokenizerClient:
         return list(r.token_ids)
 
     def detokenizer(self, stop: list[str], prefix_token_ids: list[int]) -> "Detokenizer":
-        return Detokenizer(self, stop, prefix_token_ids)
+        return Detokenizer(self._mux, stop, prefix_token_ids)
+
+
+class DetokenizeMux:
+    """The gateway's one DetokenizeMany stream to a tokenizer, shared by every request: the items
+    that requests hand in while a message is out go together in the next one (one message in
+    flight, answered before the next is sent, so answers match items by position).
+
+    A message unanswered within the client's timeout, or a stream that breaks, fails the items it
+    carried (UNAVAILABLE) and ends the stream; the next items open a new one. The sequences of a
+    broken stream lost their state in the tokenizer, so `epoch` counts streams and a Detokenizer
+    from an older one fails its next item instead of continuing without its stop strings."""
+
+    def __init__(self, client: "TokenizerClient") -> None:
+        self._client = client
+        self._call = None
+        self.epoch = 0
+        self._last_sequence = 0
+        self._gathered: list[tuple[tokenizer_pb2.DetokenizeItem, asyncio.Future | None]] = []
+        self._sender: asyncio.Task | None = None
+        self.num_messages = self.num_items = 0  # sent, over the mux's life
+
+    def new_sequence(self) -> tuple[int, int]:
+        """(epoch, sequence number) for a sequence that starts now."""
+        self._last_sequence += 1
+        return self.epoch, self._last_sequence
+
+    def exchange(self, item: tokenizer_pb2.DetokenizeItem) -> asyncio.Future:
+        """The item's answer (a DetokenizedItem), once the message carrying it is answered."""
+        answer = asyncio.get_running_loop().create_future()
+        self._send(item, answer)
+        return answer
+
+    def forget(self, sequence: int) -> None:
+        """Tell the tokenizer to drop a sequence whose request went away (no answer)."""
+        self._send(tokenizer_pb2.DetokenizeItem(sequence=sequence, cancel=True), None)
+
+    def close(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+        self._end_stream()
+
+    def _send(self, item: tokenizer_pb2.DetokenizeItem, answer: asyncio.Future | None) -> None:
+        self._gathered.append((item, answer))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send_gathered(), name=f"detokenize-{self._client.address}")
+
+    async def _send_gathered(self) -> None:
+        while self._gathered:
+            batch, self._gathered = self._gathered, []
+            self.num_messages, self.num_items = self.num_messages + 1, self.num_items + len(batch)
+            try:
+                response = await self._round_trip([item for item, _ in batch])
+            except asyncio.CancelledError:
+                for _, answer in batch + self._gathered:
+                    if answer is not None:
+                        answer.cancel()
+                raise
+            except GatewayError as e:
+                self._end_stream()
+                for _, answer in batch:
+                    if answer is not None and not answer.done():
+                        answer.set_exception(e)
+                continue
+            answers = iter(response.items)
+            for item, answer in batch:
+                if item.cancel:
+                    continue
+                got = next(answers)
+                if answer is not None and not answer.done():  # a request that timed out is done
+                    answer.set_result(got)
+
+    async def _round_trip(self, items: list) -> tokenizer_pb2.DetokenizeManyResponse:
+        address, timeout_s = self._client.address, self._client.timeout_s
+        if self._call is None:
+            self._call = self._client._stub.DetokenizeMany()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._call.write(tokenizer_pb2.DetokenizeManyRequest(items=items))
+                response = await self._call.read()
+        except TimeoutError:
+            raise Unavailable(f"tokenizer service at {address} did not answer a detokenize within "
+                              f"{timeout_s:.0f}s; retry later") from None
+        except grpc.aio.AioRpcError as e:
+            raise _translate(e, address) from e
+        if response is grpc.aio.EOF:
+            raise Unavailable(f"tokenizer service at {address} ended the detokenize stream; retry later")
+        if len(response.items) != sum(not item.cancel for item in items):
+            raise Internal(f"tokenizer service at {address} answered {len(response.items)} of "
+                           f"{sum(not item.cancel for item in items)} detokenize items")
+        return response
+
+    def _end_stream(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            self.epoch += 1
+            if not call.done():
+                call.cancel()
 
 
 class Detokenizer:
-    """One sequence's DetokenizeStream: push ids, get text deltas; finish() flushes held-back text.
+    """One sequence's detokenization: push ids, get text deltas; finish() flushes held-back text.
 
-    The stream opens lazily with the first ids, so a request that never produced a token costs
-    the tokenizer nothing.
+    Its items travel on the gateway's shared DetokenizeMany stream (DetokenizeMux). The sequence
+    starts lazily with the first ids, so a request that never produced a token costs the
+    tokenizer nothing.
     """
 
-    def __init__(self, client: TokenizerClient, stop: list[str], prefix_token_ids: list[int]) -> None:
-        self._client, self._stop, self._prefix = client, list(stop), list(prefix_token_ids)
-        self._call = None
-        self.is_finished = False  # the tokenizer ended the stream (stop match, or flushed)
+    def __init__(self, mux: DetokenizeMux, stop: list[str], prefix_token_ids: list[int]) -> None:
+        self._mux, self._stop, self._prefix = mux, list(stop), list(prefix_token_ids)
+        self._sequence: tuple[int, int] | None = None  # (stream epoch, number) once ids went out
+        self.is_finished = False  # the sequence ended (stop match, or flushed)
 
     async def push(self, token_ids: list[int]) -> tokenizer_pb2.DetokenizeResponse:
         request = tokenizer_pb2.DetokenizeRequest(token_ids=token_ids)
-        if self._call is None:
-            self._call = self._client._stub.DetokenizeStream()
+        if self._sequence is None:
+            self._sequence = self._mux.new_sequence()
             request.stop.extend(self._stop)
             request.skip_special_tokens = True
             request.prefix_token_ids.extend(self._prefix)
-
-        async def exchange():
-            await self._call.write(request)
-            return await self._read()
-
-        return await self._answer(exchange())
+        return await self._answer(tokenizer_pb2.DetokenizeItem(request=request))
 
     async def finish(self) -> tokenizer_pb2.DetokenizeResponse | None:
-        """Half-close and return the flush response (None if nothing was ever pushed)."""
-        if self._call is None or self.is_finished:
+        """The flush response (None if nothing was ever pushed)."""
+        if self._sequence is None or self.is_finished:
             return None
+        return await self._answer(tokenizer_pb2.DetokenizeItem(close=True))
 
-        async def flush():
-            await self._call.done_writing()
-            return await self._read()
-
-        return await self._answer(flush())
-
-    async def _answer(self, exchange) -> tokenizer_pb2.DetokenizeResponse:
-        """One message's answer within the client's timeout: the stream lives as long as the
-        sequence, so it has no deadline of its own, but a tokenizer that stops answering must
-        not hold the request forever."""
-        try:
-            return await asyncio.wait_for(exchange, self._client.timeout_s)
-        except asyncio.TimeoutError:
-            self.close()
-            raise Unavailable(f"tokenizer service at {self._client.address} did not answer a detokenize within "
-                              f"{self._client.timeout_s:.0f}s; retry later") from None
-        except grpc.aio.AioRpcError as e:
-            raise _translate(e, self._client.address) from e
-
-    async def _read(self) -> tokenizer_pb2.DetokenizeResponse:
-        response = await self._call.read()
-        if response is grpc.aio.EOF:
-            raise Internal(f"tokenizer service at {self._client.address} ended the detokenize stream early")
-        self.is_finished = response.finished
-        return response
+    async def _answer(self, item: tokenizer_pb2.DetokenizeItem) -> tokenizer_pb2.DetokenizeResponse:
+        epoch, item.sequence = self._sequence
+        if epoch != self._mux.epoch:
+            self.is_finished = True
+            raise Unavailable(f"the detokenize stream to the tokenizer service at {self._mux._client.address} broke "
+                              "and this request's text state went with it; retry")
+        answer = await self._mux.exchange(item)
+        if answer.error:
+            self.is_finished = True
+            raise InvalidArgument(answer.error)
+        self.is_finished = answer.response.finished
+        return answer.response
 
     def close(self) -> None:
-        if self._call is not None and not self._call.done():
-            self._call.cancel()
+        """The request ended: the tokenizer may drop the sequence."""
+        if self._sequence is not None and not self.is_finished and self._sequence[0] == self._mux.epoch:
+            self._mux.forget(self._sequence[1])
+        self.is_finished = True

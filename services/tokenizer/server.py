@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from shardline.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
+from .detokenizer import IncrementalDetokenizer
 from .service import TokenizerService
 
 logger = logging.getLogger(__name__)
@@ -67,10 +68,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         detokenizer = None
         async for request in request_iterator:
             if detokenizer is None:  # the first message configures the stream
-                skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
-                detokenizer = await _call(
-                    context, self._service.new_detokenizer, stop=list(request.stop),
-                    prefix_token_ids=list(request.prefix_token_ids), skip_special_tokens=skip)
+                detokenizer = await _call(context, self._new_detokenizer, request)
             text = await _call(context, detokenizer.feed, request.token_ids)
             yield _detokenize_response(detokenizer, text)
             if detokenizer.is_finished:
@@ -79,6 +77,43 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             yield tokenizer_pb2.DetokenizeResponse(finished=True)
             return
         yield _detokenize_response(detokenizer, detokenizer.finish())
+
+    async def DetokenizeMany(self, request_iterator: AsyncIterator, context) -> AsyncIterator:
+        sequences: dict[int, IncrementalDetokenizer] = {}
+        async for request in request_iterator:
+            response = tokenizer_pb2.DetokenizeManyResponse()
+            for item in request.items:
+                if item.cancel:
+                    sequences.pop(item.sequence, None)
+                    continue
+                answer = response.items.add(sequence=item.sequence)
+                try:
+                    answer.response.CopyFrom(self._detokenize_item(sequences, item))
+                except ValueError as e:  # this sequence's bad input, not the stream's
+                    sequences.pop(item.sequence, None)
+                    answer.error = str(e)
+            yield response
+
+    def _new_detokenizer(self, request) -> IncrementalDetokenizer:
+        """A sequence's detokenizer, configured by its first message."""
+        skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
+        return self._service.new_detokenizer(stop=list(request.stop), prefix_token_ids=list(request.prefix_token_ids),
+                                             skip_special_tokens=skip)
+
+    def _detokenize_item(self, sequences: dict[int, IncrementalDetokenizer], item) -> tokenizer_pb2.DetokenizeResponse:
+        """One DetokenizeMany item, as the DetokenizeStream message it stands for."""
+        detokenizer = sequences.get(item.sequence)
+        if item.close:
+            sequences.pop(item.sequence, None)
+            if detokenizer is None:  # closed without sending anything
+                return tokenizer_pb2.DetokenizeResponse(finished=True)
+            return _detokenize_response(detokenizer, detokenizer.finish())
+        if detokenizer is None:
+            detokenizer = sequences[item.sequence] = self._new_detokenizer(item.request)
+        text = detokenizer.feed(item.request.token_ids)
+        if detokenizer.is_finished:  # a stop string matched: the sequence is done
+            del sequences[item.sequence]
+        return _detokenize_response(detokenizer, text)
 
     async def GetInfo(self, request, context):
         info = self._service.info

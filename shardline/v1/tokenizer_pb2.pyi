@@ -75,6 +75,40 @@ class DetokenizeResponse(_message.Message):
     matched_stop: str
     def __init__(self, text: _Optional[str] = ..., num_tokens: _Optional[int] = ..., finished: _Optional[bool] = ..., matched_stop: _Optional[str] = ...) -> None: ...
 
+class DetokenizeItem(_message.Message):
+    __slots__ = ("sequence", "request", "close", "cancel")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    request: DetokenizeRequest
+    close: bool
+    cancel: bool
+    def __init__(self, sequence: _Optional[int] = ..., request: _Optional[_Union[DetokenizeRequest, _Mapping]] = ..., close: _Optional[bool] = ..., cancel: _Optional[bool] = ...) -> None: ...
+
+class DetokenizeManyRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[DetokenizeItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[DetokenizeItem, _Mapping]]] = ...) -> None: ...
+
+class DetokenizedItem(_message.Message):
+    __slots__ = ("sequence", "response", "error")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    response: DetokenizeResponse
+    error: str
+    def __init__(self, sequence: _Optional[int] = ..., response: _Optional[_Union[DetokenizeResponse, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class DetokenizeManyResponse(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[DetokenizedItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[DetokenizedItem, _Mapping]]] = ...) -> None: ...
+
 class GetInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

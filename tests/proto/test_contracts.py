@@ -53,5 +53,5 @@ def test_services_expose_the_documented_methods():
     assert methods == {
         "StageWorker": ["Generate", "Forward", "ReturnTokens", "Free", "GetStatus"],
         "Gateway": ["Generate", "GenerateStream", "Cancel", "GetRequest", "ListModels"],
-        "Tokenizer": ["Encode", "ApplyChatTemplate", "Decode", "DetokenizeStream", "GetInfo"],
+        "Tokenizer": ["Encode", "ApplyChatTemplate", "Decode", "DetokenizeStream", "DetokenizeMany", "GetInfo"],
     }

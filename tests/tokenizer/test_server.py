@@ -87,6 +87,49 @@ def test_detokenize_stream_without_stop_flushes_on_half_close(stub, tokenizer):
     assert responses[-1].num_tokens == len(ids)
 
 
+def test_detokenize_many_interleaves_sequences_exactly_as_their_own_streams(stub, tokenizer):
+    """Three sequences on one DetokenizeMany stream, their items in varying batches, one of them
+    stopping on a stop string, one cancelled, one bad: each answer is what the sequence's own
+    DetokenizeStream gives, and the bad one does not end the stream."""
+    ids = tokenizer.encode(TEXT, add_special_tokens=False).ids
+    first = {"stop": ["😀"]}
+    alone = {
+        1: list(stub.DetokenizeStream(iter([tokenizer_pb2.DetokenizeRequest(token_ids=[ids[0]], **first)]
+                                           + [tokenizer_pb2.DetokenizeRequest(token_ids=[i]) for i in ids[1:]]))),
+        2: list(stub.DetokenizeStream(iter([tokenizer_pb2.DetokenizeRequest(token_ids=ids[i:i + 2])
+                                            for i in range(0, len(ids), 2)]))),
+    }
+
+    def item(seq, token_ids=(), close=False, cancel=False, **config):
+        return tokenizer_pb2.DetokenizeItem(sequence=seq, close=close, cancel=cancel,
+                                            request=tokenizer_pb2.DetokenizeRequest(token_ids=token_ids, **config))
+
+    batches = [[item(1, [ids[0]], **first), item(2, ids[0:2]), item(3, [ids[0]])]]
+    batches.append([item(3, cancel=True), item(9, [tokenizer.get_vocab_size() + 5])])
+    stopped_at = alone[1][-1].num_tokens  # sequence 1 stops here; its later ids are never sent
+    for k in range(1, len(ids)):
+        batch = [item(1, [ids[k]])] if k < stopped_at else []
+        if 2 * k < len(ids):
+            batch.append(item(2, ids[2 * k:2 * k + 2]))
+        batches.append(batch)
+    batches.append([item(2, close=True)])
+    responses = list(stub.DetokenizeMany(iter(tokenizer_pb2.DetokenizeManyRequest(items=b) for b in batches)))
+
+    assert len(responses) == len(batches), "one response message a request message"
+    got: dict[int, list] = {1: [], 2: [], 3: []}
+    for batch, response in zip(batches, responses):
+        answered = [i.sequence for i in batch if not i.cancel]
+        assert [a.sequence for a in response.items] == answered, "an item per item that is not a cancel, in order"
+        for a in response.items:
+            if a.sequence == 9:
+                assert f"{tokenizer.get_vocab_size() + 5}" in a.error, a.error
+            else:
+                got[a.sequence].append(a.response)
+    assert got[1] == alone[1], "sequence 1 (a stop string) as on its own stream"
+    assert got[2] == alone[2], "sequence 2 (pairs of ids, then the flush) as on its own stream"
+    assert len(got[3]) == 1, "sequence 3 was answered once, then cancelled"
+
+
 def test_bad_input_is_invalid_argument_and_the_server_stays_up(stub, tokenizer):
     vocab_size = tokenizer.get_vocab_size()
     with pytest.raises(grpc.RpcError) as bad_decode:
@@ -118,3 +161,4 @@ def test_sigterm_drains_and_exits_cleanly(server, stub):
     stub.GetInfo(tokenizer_pb2.GetInfoRequest())
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0, proc.stderr.read()
+

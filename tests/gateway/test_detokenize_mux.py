@@ -1,0 +1,70 @@
+"""The gateway's shared detokenize stream against the real tokenizer service: concurrent requests'
+items share messages, every sequence gets exactly its own text, and a sequence whose stream broke
+fails instead of going on without its state."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shardline.gateway.errors import Unavailable
+from shardline.gateway.tokenizer_client import TokenizerClient
+
+TEXTS = ["Hello, world!", "안녕하세요 🙂 friends", "stop here STOP and not this", "a b c d e f g"]
+
+
+def test_concurrent_sequences_share_messages_and_each_gets_its_own_text(loop_thread, tokenizer_service):
+    address, service = tokenizer_service
+
+    async def run():
+        client = TokenizerClient(address)
+
+        async def one(text: str, stop: list[str]) -> tuple[str, str]:
+            ids = service.encode(text, add_special_tokens=False)
+            detok = client.detokenizer(stop, [])
+            out, matched = [], ""
+            for i in ids:  # a token at a time, as a decode step sends them
+                r = await detok.push([i])
+                out.append(r.text)
+                if r.finished:
+                    matched = r.matched_stop
+                    break
+            flush = await detok.finish()
+            if flush is not None:
+                out.append(flush.text)
+            detok.close()
+            return "".join(out), matched
+
+        jobs = [one(text, ["STOP"]) for text in TEXTS for _ in range(8)]
+        results = await asyncio.gather(*jobs)
+        stats = client._mux.num_messages, client._mux.num_items
+        await client.close()
+        return results, stats
+
+    results, (messages, items) = loop_thread.run(run())
+    for (text, matched), want in zip(results, [t for t in TEXTS for _ in range(8)]):
+        if "STOP" in want:
+            assert (text, matched) == (want[:want.index("STOP")], "STOP")
+        else:
+            assert (text, matched) == (service.decode(service.encode(want, add_special_tokens=False)), "")
+    assert messages < items / 4, f"{messages} messages for {items} items: 32 sequences did not share them"
+
+
+def test_a_sequence_from_a_broken_stream_fails_and_new_ones_work(loop_thread, tokenizer_service):
+    address, service = tokenizer_service
+    ids = service.encode("Hello, world!", add_special_tokens=False)
+
+    async def run():
+        client = TokenizerClient(address)
+        old = client.detokenizer([], [])
+        await old.push(ids[:1])
+        client._mux._end_stream()  # what a tokenizer restart or a timed-out message does
+        with pytest.raises(Unavailable, match="text state went with it"):
+            await old.push(ids[1:2])
+        new = client.detokenizer([], [])
+        text = (await new.push(ids)).text + (await new.finish()).text
+        await client.close()
+        return text
+
+    assert loop_thread.run(run()) == service.decode(ids)
