@@ -86,43 +86,54 @@ class DetokenizeMux:
         self._call = None
         self.epoch = 0
         self._last_sequence = 0
-        self._gathered: list[tuple[tokenizer_pb2.DetokenizeItem, asyncio.Future | None]] = []
+        # (item, its answer or None for a cancel, the epoch its sequence began in)
+        self._gathered: list[tuple[tokenizer_pb2.DetokenizeItem, asyncio.Future | None, int]] = []
         self._sender: asyncio.Task | None = None
         self.num_messages = self.num_items = 0  # sent, over the mux's life
 
     def new_sequence(self) -> tuple[int, int]:
-        """(epoch, sequence number) for a sequence that starts now."""
+        """(epoch, sequence number) for a sequence that starts now. Numbers reach the tokenizer in
+        the order they are taken (Detokenizer.push queues its first item at once), as it expects."""
         self._last_sequence += 1
         return self.epoch, self._last_sequence
 
-    def exchange(self, item: tokenizer_pb2.DetokenizeItem) -> asyncio.Future:
-        """The item's answer (a DetokenizedItem), once the message carrying it is answered."""
+    def exchange(self, item: tokenizer_pb2.DetokenizeItem, epoch: int) -> asyncio.Future:
+        """The item's answer (a DetokenizedItem), once the message carrying it is answered; `epoch`:
+        the one its sequence began in."""
         answer = asyncio.get_running_loop().create_future()
-        self._send(item, answer)
+        self._send(item, answer, epoch)
         return answer
 
-    def forget(self, sequence: int) -> None:
+    def forget(self, sequence: int, epoch: int) -> None:
         """Tell the tokenizer to drop a sequence whose request went away (no answer)."""
-        self._send(tokenizer_pb2.DetokenizeItem(sequence=sequence, cancel=True), None)
+        self._send(tokenizer_pb2.DetokenizeItem(sequence=sequence, cancel=True), None, epoch)
 
     def close(self) -> None:
         if self._sender is not None:
             self._sender.cancel()
         self._end_stream()
 
-    def _send(self, item: tokenizer_pb2.DetokenizeItem, answer: asyncio.Future | None) -> None:
-        self._gathered.append((item, answer))
+    def _send(self, item: tokenizer_pb2.DetokenizeItem, answer: asyncio.Future | None, epoch: int) -> None:
+        self._gathered.append((item, answer, epoch))
         if self._sender is None or self._sender.done():
             self._sender = asyncio.create_task(self._send_gathered(), name=f"detokenize-{self._client.address}")
 
     async def _send_gathered(self) -> None:
         while self._gathered:
-            batch, self._gathered = self._gathered, []
+            gathered, self._gathered = self._gathered, []
+            batch = []
+            for item, answer, epoch in gathered:
+                if epoch == self.epoch:
+                    batch.append((item, answer))
+                elif answer is not None and not answer.done():  # handed in as the stream broke
+                    answer.set_exception(self._stale())
+            if not batch:
+                continue
             self.num_messages, self.num_items = self.num_messages + 1, self.num_items + len(batch)
             try:
                 response = await self._round_trip([item for item, _ in batch])
             except asyncio.CancelledError:
-                for _, answer in batch + self._gathered:
+                for _, answer, *_ in batch + self._gathered:
                     if answer is not None:
                         answer.cancel()
                 raise
@@ -139,6 +150,10 @@ class DetokenizeMux:
                 got = next(answers)
                 if answer is not None and not answer.done():  # a request that timed out is done
                     answer.set_result(got)
+
+    def _stale(self) -> Unavailable:
+        return Unavailable(f"the detokenize stream to the tokenizer service at {self._client.address} broke "
+                           "and this request's text state went with it; retry")
 
     async def _round_trip(self, items: list) -> tokenizer_pb2.DetokenizeManyResponse:
         address, timeout_s = self._client.address, self._client.timeout_s
@@ -200,9 +215,8 @@ class Detokenizer:
         epoch, item.sequence = self._sequence
         if epoch != self._mux.epoch:
             self.is_finished = True
-            raise Unavailable(f"the detokenize stream to the tokenizer service at {self._mux._client.address} broke "
-                              "and this request's text state went with it; retry")
-        answer = await self._mux.exchange(item)
+            raise self._mux._stale()
+        answer = await self._mux.exchange(item, epoch)
         if answer.error:
             self.is_finished = True
             raise InvalidArgument(answer.error)
@@ -212,5 +226,5 @@ class Detokenizer:
     def close(self) -> None:
         """The request ended: the tokenizer may drop the sequence."""
         if self._sequence is not None and not self.is_finished and self._sequence[0] == self._mux.epoch:
-            self._mux.forget(self._sequence[1])
+            self._mux.forget(self._sequence[1], self._sequence[0])
         self.is_finished = True

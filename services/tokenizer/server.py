@@ -80,6 +80,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
 
     async def DetokenizeMany(self, request_iterator: AsyncIterator, context) -> AsyncIterator:
         sequences: dict[int, IncrementalDetokenizer] = {}
+        opened = [0]  # the highest sequence number seen: numbers only grow on a stream
         async for request in request_iterator:
             response = tokenizer_pb2.DetokenizeManyResponse()
             for item in request.items:
@@ -88,7 +89,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                     continue
                 answer = response.items.add(sequence=item.sequence)
                 try:
-                    answer.response.CopyFrom(self._detokenize_item(sequences, item))
+                    answer.response.CopyFrom(self._detokenize_item(sequences, opened, item))
                 except ValueError as e:  # this sequence's bad input, not the stream's
                     sequences.pop(item.sequence, None)
                     answer.error = str(e)
@@ -100,16 +101,24 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         return self._service.new_detokenizer(stop=list(request.stop), prefix_token_ids=list(request.prefix_token_ids),
                                              skip_special_tokens=skip)
 
-    def _detokenize_item(self, sequences: dict[int, IncrementalDetokenizer], item) -> tokenizer_pb2.DetokenizeResponse:
+    def _detokenize_item(self, sequences: dict[int, IncrementalDetokenizer], opened: list[int],
+                         item) -> tokenizer_pb2.DetokenizeResponse:
         """One DetokenizeMany item, as the DetokenizeStream message it stands for."""
         detokenizer = sequences.get(item.sequence)
+        if detokenizer is None and item.sequence <= opened[0]:
+            # Not a new sequence (its number is not above every one seen): it finished, was
+            # cancelled or refused. Starting it afresh would lose its stop strings.
+            raise ValueError(f"sequence {item.sequence} is not open on this stream (it finished, was cancelled "
+                             "or refused); start a new sequence with a new number")
         if item.close:
             sequences.pop(item.sequence, None)
             if detokenizer is None:  # closed without sending anything
+                opened[0] = item.sequence
                 return tokenizer_pb2.DetokenizeResponse(finished=True)
             return _detokenize_response(detokenizer, detokenizer.finish())
         if detokenizer is None:
             detokenizer = sequences[item.sequence] = self._new_detokenizer(item.request)
+            opened[0] = item.sequence
         text = detokenizer.feed(item.request.token_ids)
         if detokenizer.is_finished:  # a stop string matched: the sequence is done
             del sequences[item.sequence]

@@ -130,6 +130,20 @@ def test_detokenize_many_interleaves_sequences_exactly_as_their_own_streams(stub
     assert len(got[3]) == 1, "sequence 3 was answered once, then cancelled"
 
 
+
+def test_detokenize_many_refuses_an_item_of_a_sequence_that_is_no_longer_open(stub, tokenizer):
+    """A sequence that finished is not started afresh by a late item (that would lose its stop
+    strings): the item gets an error, and a new number works."""
+    ids = tokenizer.encode("Hello, world!", add_special_tokens=False).ids
+    push = lambda seq, token_ids: tokenizer_pb2.DetokenizeItem(  # noqa: E731
+        sequence=seq, request=tokenizer_pb2.DetokenizeRequest(token_ids=token_ids))
+    batches = [[push(1, ids[:2])], [tokenizer_pb2.DetokenizeItem(sequence=1, close=True)], [push(1, ids[2:3])],
+               [push(2, ids[:2])]]
+    responses = list(stub.DetokenizeMany(iter(tokenizer_pb2.DetokenizeManyRequest(items=b) for b in batches)))
+    assert responses[1].items[0].response.finished
+    assert "sequence 1 is not open" in responses[2].items[0].error
+    assert responses[3].items[0].error == "" and responses[3].items[0].response.text == tokenizer.decode(ids[:2])
+
 def test_bad_input_is_invalid_argument_and_the_server_stays_up(stub, tokenizer):
     vocab_size = tokenizer.get_vocab_size()
     with pytest.raises(grpc.RpcError) as bad_decode:
