@@ -10,6 +10,7 @@ import pytest
 
 from shardline.gateway.errors import Unavailable
 from shardline.gateway.tokenizer_client import TokenizerClient
+from shardline.v1 import tokenizer_pb2
 
 TEXTS = ["Hello, world!", "안녕하세요 🙂 friends", "stop here STOP and not this", "a b c d e f g"]
 
@@ -62,6 +63,31 @@ def test_a_sequence_from_a_broken_stream_fails_and_new_ones_work(loop_thread, to
         client._mux._end_stream()  # what a tokenizer restart or a timed-out message does
         with pytest.raises(Unavailable, match="text state went with it"):
             await old.push(ids[1:2])
+        new = client.detokenizer([], [])
+        text = (await new.push(ids)).text + (await new.finish()).text
+        await client.close()
+        return text
+
+    assert loop_thread.run(run()) == service.decode(ids)
+
+
+def test_an_item_queued_as_its_stream_broke_fails_with_it(loop_thread, tokenizer_service):
+    """An item handed in before the break but sent after it would reach the new stream without its
+    sequence's state: it fails instead, and the new stream starts clean."""
+    address, service = tokenizer_service
+    ids = service.encode("Hello, world!", add_special_tokens=False)
+
+    async def run():
+        client = TokenizerClient(address)
+        mux = client._mux
+        old = client.detokenizer(["world"], [])
+        await old.push(ids[:1])
+        epoch, sequence = old._sequence
+        late = mux.exchange(tokenizer_pb2.DetokenizeItem(
+            sequence=sequence, request=tokenizer_pb2.DetokenizeRequest(token_ids=ids[1:2])), epoch)
+        mux._end_stream()  # the break, before the sender took the item
+        with pytest.raises(Unavailable, match="text state went with it"):
+            await late
         new = client.detokenizer([], [])
         text = (await new.push(ids)).text + (await new.finish()).text
         await client.close()
