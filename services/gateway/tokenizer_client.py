@@ -168,6 +168,9 @@ class DetokenizeMux:
                               f"{timeout_s:.0f}s; retry later") from None
         except grpc.aio.AioRpcError as e:
             raise _translate(e, address) from e
+        except Exception as e:  # noqa: BLE001 - e.g. a write on a call that just ended: fail the items, not hang them
+            raise Unavailable(f"the detokenize stream to the tokenizer service at {address} failed ({e!r}); "
+                              "retry later") from e
         if response is grpc.aio.EOF:
             raise Unavailable(f"tokenizer service at {address} ended the detokenize stream; retry later")
         if len(response.items) != sum(not item.cancel for item in items):
