@@ -27,7 +27,9 @@ never needs it; a CUDA machine without Triton quietly runs the references.
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import time
 
 import torch
 
@@ -114,3 +116,36 @@ def num_sms(device_index: int) -> int:
 def sm_count(x: torch.Tensor) -> int:
     return num_sms(x.device.index if x.is_cuda and x.device.index is not None else
                    (torch.cuda.current_device() if x.is_cuda else -1))
+
+
+class CompileLog:
+    """Triton's JIT hooks, logging each kernel compiled from now on with the time it took. On a
+    replica that serves, a compile is a kernel meeting a shape for the first time, and every
+    request on the replica waits for it (about a second: docs/benchmarks.md, session r)."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+        self._started: dict[str, float] = {}
+
+    def before(self, *, key, **_) -> bool:
+        self._started[str(key)] = time.perf_counter()
+        return False  # compile as usual
+
+    def after(self, *, key, repr, **_) -> None:
+        started = self._started.pop(str(key), None)
+        ms = 1e3 * (time.perf_counter() - started) if started is not None else float("nan")
+        self.log.warning("compiled a Triton kernel while serving, in %.0f ms (a shape met for the first time; "
+                         "this replica's steps waited): %s", ms, repr)
+
+
+def log_compiles(log: logging.Logger) -> CompileLog | None:
+    """Log every Triton compile of this process from now on (see CompileLog); None where Triton
+    does not run."""
+    if TRITON_DISABLED or TRITON_INTERPRET or not triton_available():
+        return None
+    from triton import knobs
+
+    hooks = CompileLog(log)
+    knobs.runtime.jit_cache_hook = hooks.before
+    knobs.runtime.jit_post_compile_hook = hooks.after
+    return hooks

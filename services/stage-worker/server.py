@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from shardline.config import ConfigError, EngineConfig, check_device
+from shardline.kernels._dispatch import log_compiles
 from shardline.parallel import init_tp_group, leave_tp_group, rank_device
 from shardline.registry import Registry, ReplicaInfo
 from shardline.stage_worker.engine import StageEngine, follow
@@ -238,6 +239,8 @@ def run_stage_worker_process(config: StageWorkerConfig) -> None:
         return
     proc = StageWorkerProcess(config)
     proc.start()
+    if proc.tp.device.type == "cuda":
+        log_compiles(log)  # from here on a compile stalls the replica: say so, with its kernel
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
