@@ -11,7 +11,6 @@ Cancel requests for a request owned by another gateway travel on the `shardline:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -19,6 +18,8 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
+
+from .gathering import Gatherer, settle
 
 KEY_PREFIX = "shardline:request"
 CANCEL_CHANNEL = "shardline:cancel"
@@ -79,43 +80,23 @@ class RecordStore:
         self.redis = client
         self.record_ttl_ms = int(record_ttl_s * 1000)
         self.active_ttl_ms = int(active_record_ttl_s * 1000)
-        self._gathered: list[tuple[Callable[[Pipeline], None], asyncio.Future]] = []
-        self._sender: asyncio.Task | None = None
+        self._writes: Gatherer[Callable[[Pipeline], None]] = Gatherer(self._send_writes, "redis-record-writes")
 
     async def _write(self, add: Callable[[Pipeline], None]) -> None:
         """Queue `add`'s commands for the next transaction and wait until Redis has applied them.
 
-        A request makes three or more writes (create, running, tokens, finish), and redis-py
-        spends ~0.5 ms of the event loop on a round trip whatever it carries: a burst of requests,
-        each writing alone, queued up behind those round trips before reaching stage 0. One
-        request's writes still happen in its own order, since it awaits each. A failed
-        transaction fails every write in it, as the connection error it almost always is would."""
-        done = asyncio.get_running_loop().create_future()
-        self._gathered.append((add, done))
-        if self._sender is None or self._sender.done():
-            self._sender = asyncio.create_task(self._send_gathered(), name="redis-record-writes")
-        await done
+        A request makes three or more writes (create, running, tokens, finish): sent alone, a burst
+        of requests queued up behind their round trips before reaching stage 0 (gathering.py). A
+        failed transaction fails every write in it, as the connection error it almost always is
+        would."""
+        await self._writes.submit(add)
 
-    async def _send_gathered(self) -> None:
-        while self._gathered:
-            batch, self._gathered = self._gathered, []
-            try:
-                async with self.redis.pipeline(transaction=True) as p:
-                    for add, _ in batch:
-                        add(p)
-                    await p.execute()
-            except BaseException as e:
-                for _, done in batch:
-                    if not done.done():  # a waiter that was cancelled is done already
-                        done.set_exception(e)
-                if isinstance(e, asyncio.CancelledError):
-                    for _, done in self._gathered:
-                        done.cancel()
-                    raise
-            else:
-                for _, done in batch:
-                    if not done.done():
-                        done.set_result(None)
+    async def _send_writes(self, batch) -> None:
+        async with self.redis.pipeline(transaction=True) as p:
+            for add, _ in batch:
+                add(p)
+            await p.execute()
+        settle(batch)
 
     async def create(self, request_id: str, model: str, params: dict, prompt_token_ids: list[int],
                      gateway_id: str, queued_at: float) -> None:

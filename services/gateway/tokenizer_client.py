@@ -17,6 +17,7 @@ import grpc
 from shardline.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
 from .errors import GatewayError, Internal, InvalidArgument, Unavailable
+from .gathering import Gatherer
 
 
 def _translate(e: grpc.aio.AioRpcError, address: str) -> GatewayError:
@@ -86,9 +87,9 @@ class DetokenizeMux:
         self._call = None
         self.epoch = 0
         self._last_sequence = 0
-        # (item, its answer or None for a cancel, the epoch its sequence began in)
-        self._gathered: list[tuple[tokenizer_pb2.DetokenizeItem, asyncio.Future | None, int]] = []
-        self._sender: asyncio.Task | None = None
+        # (item, the epoch its sequence began in); see gathering.py
+        self._items: Gatherer[tuple[tokenizer_pb2.DetokenizeItem, int]] = Gatherer(
+            self._send_batch, f"detokenize-{client.address}")
         self.num_messages = self.num_items = 0  # sent, over the mux's life
 
     def new_sequence(self) -> tuple[int, int]:
@@ -100,60 +101,44 @@ class DetokenizeMux:
     def exchange(self, item: tokenizer_pb2.DetokenizeItem, epoch: int) -> asyncio.Future:
         """The item's answer (a DetokenizedItem), once the message carrying it is answered; `epoch`:
         the one its sequence began in."""
-        answer = asyncio.get_running_loop().create_future()
-        self._send(item, answer, epoch)
-        return answer
+        return self._items.submit((item, epoch))
 
     def forget(self, sequence: int, epoch: int) -> None:
         """Tell the tokenizer to drop a sequence whose request went away (no answer)."""
-        self._send(tokenizer_pb2.DetokenizeItem(sequence=sequence, cancel=True), None, epoch)
+        self._items.put((tokenizer_pb2.DetokenizeItem(sequence=sequence, cancel=True), epoch))
 
     def close(self) -> None:
-        if self._sender is not None:
-            self._sender.cancel()
+        self._items.cancel()
         self._end_stream()
 
-    def _send(self, item: tokenizer_pb2.DetokenizeItem, answer: asyncio.Future | None, epoch: int) -> None:
-        self._gathered.append((item, answer, epoch))
-        if self._sender is None or self._sender.done():
-            self._sender = asyncio.create_task(self._send_gathered(), name=f"detokenize-{self._client.address}")
-
-    async def _send_gathered(self) -> None:
-        while self._gathered:
-            gathered, self._gathered = self._gathered, []
-            batch = []
-            for item, answer, epoch in gathered:
-                if epoch == self.epoch:
-                    batch.append((item, answer))
-                elif answer is not None and not answer.done():  # handed in as the stream broke
-                    answer.set_exception(self._stale())
-            if not batch:
-                continue
-            self.num_messages, self.num_items = self.num_messages + 1, self.num_items + len(batch)
-            try:
-                response = await self._round_trip([item for item, _ in batch])
-            except asyncio.CancelledError:
-                for _, answer, *_ in batch + self._gathered:
-                    if answer is not None:
-                        answer.cancel()
-                raise
-            except GatewayError as e:
-                self._end_stream()
-                for _, answer in batch:
-                    if answer is not None and not answer.done():
-                        answer.set_exception(e)
-                continue
-            answers = iter(response.items)
-            for item, answer in batch:
-                if item.cancel:
-                    continue
-                got = next(answers)
-                if answer is not None and not answer.done():  # a request that timed out is done
-                    answer.set_result(got)
-
-    def _stale(self) -> Unavailable:
+    def stale_error(self) -> Unavailable:
         return Unavailable(f"the detokenize stream to the tokenizer service at {self._client.address} broke "
                            "and this request's text state went with it; retry")
+
+    async def _send_batch(self, batch) -> None:
+        """One DetokenizeMany message for the items of the current stream; an item handed in as
+        the stream broke fails, since the new stream does not know its sequence."""
+        live = []
+        for (item, epoch), answer in batch:
+            if epoch == self.epoch:
+                live.append((item, answer))
+            elif answer is not None and not answer.done():
+                answer.set_exception(self.stale_error())
+        if not live:
+            return
+        self.num_messages, self.num_items = self.num_messages + 1, self.num_items + len(live)
+        try:
+            response = await self._round_trip([item for item, _ in live])
+        except GatewayError:
+            self._end_stream()
+            raise  # fails the items (gathering.Gatherer)
+        answers = iter(response.items)
+        for item, answer in live:
+            if item.cancel:
+                continue
+            got = next(answers)
+            if answer is not None and not answer.done():  # a request that timed out is done
+                answer.set_result(got)
 
     async def _round_trip(self, items: list) -> tokenizer_pb2.DetokenizeManyResponse:
         address, timeout_s = self._client.address, self._client.timeout_s
@@ -218,7 +203,7 @@ class Detokenizer:
         epoch, item.sequence = self._sequence
         if epoch != self._mux.epoch:
             self.is_finished = True
-            raise self._mux._stale()
+            raise self._mux.stale_error()
         answer = await self._mux.exchange(item, epoch)
         if answer.error:
             self.is_finished = True
