@@ -131,11 +131,30 @@ class CompileLog:
         self._started[str(key)] = time.perf_counter()
         return False  # compile as usual
 
-    def after(self, *, key, repr, **_) -> None:
+    def after(self, *, key, fn=None, compile=None, **_) -> None:
         started = self._started.pop(str(key), None)
         ms = 1e3 * (time.perf_counter() - started) if started is not None else float("nan")
         self.log.warning("compiled a Triton kernel while serving, in %.0f ms (a shape met for the first time; "
-                         "this replica's steps waited): %s", ms, repr)
+                         "this replica's steps waited): %s", ms, describe_specialization(fn, compile or {}))
+
+
+def describe_specialization(fn, compile: dict) -> str:
+    """`kernel(arg: type, arg: type/16, NAME=value, ...)`: what Triton specialized this compile on
+    (constants, and `/16` where it assumed an argument divisible by 16), from the `compile` keyword
+    its JIT hooks get. (Triton 3.6's own `repr` zips the parameters with the characters of the
+    cache key, so it names nothing.)"""
+    name = getattr(fn, "name", None) or "kernel"
+    signature = compile.get("signature") or {}
+    constants = compile.get("constants") or {}
+    attrs = (compile.get("configs") or [{}])[0]
+    parts = []
+    for i, (arg, ty) in enumerate(signature.items()):
+        if (i,) in constants:
+            parts.append(f"{arg}={constants[(i,)]}")
+        else:
+            parts.append(f"{arg}: {ty}{'/16' if attrs.get((i,)) else ''}")
+    options = ", ".join(f"{k}={compile[k]}" for k in ("num_warps", "num_stages") if k in compile)
+    return f"{name}[{options}]({', '.join(parts)})"
 
 
 def log_compiles(log: logging.Logger) -> CompileLog | None:
