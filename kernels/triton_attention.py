@@ -120,6 +120,23 @@ def _online_softmax_step(q, k, v, visible, acc, l_i, m_i, scale_log2, DOT_PRECIS
 
 
 @triton.jit
+def _find_sequence(qsl_ptr, num_seqs, target, BLOCK_Q: tl.constexpr, SEQS_BLOCK: tl.constexpr):
+    """The last sequence b whose first query row (BLOCK_Q == 1: query_start_loc[b]) or first query
+    block (query_start_loc[b] // BLOCK_Q + b) is <= target; 0 if none. It scans the sequences
+    SEQS_BLOCK at a time, so one compile serves every batch size: a kernel specialized on the
+    batch (its power of two, or a count divisible by 16) compiled for ~0.8 s while a replica
+    served, the first time a step met that batch (docs/benchmarks.md, session s)."""
+    count = tl.zeros((), dtype=tl.int32)
+    for s0 in range(0, num_seqs, SEQS_BLOCK):
+        seqs = s0 + tl.arange(0, SEQS_BLOCK)
+        live = seqs < num_seqs
+        starts = tl.load(qsl_ptr + seqs, mask=live, other=0)
+        first = starts // BLOCK_Q + seqs if BLOCK_Q > 1 else starts
+        count += tl.sum((live & (first <= target)).to(tl.int32), axis=0)
+    return tl.maximum(count - 1, 0)
+
+
+@triton.jit(do_not_specialize=["num_seqs"])
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
                    part_out_ptr, part_lse_ptr, scale_log2, num_seqs, num_heads,
                    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
@@ -128,7 +145,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h, stride_cs,
                    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                   NUM_SPLITS: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   NUM_SPLITS: tl.constexpr, SEQS_BLOCK: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
                    EARLY_KV: tl.constexpr, OPAQUE_BT: tl.constexpr, USE_PDL: tl.constexpr):
     """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
@@ -148,9 +165,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
         kv_len = tl.load(seq_lens_ptr + row)
     else:
         # The row's sequence: the last b with query_start_loc[b] <= row.
-        seqs = tl.arange(0, SEQS_P2)
-        starts = tl.load(qsl_ptr + seqs, mask=seqs < num_seqs, other=2147483647)
-        b = tl.maximum(tl.sum((starts <= row).to(tl.int32), axis=0) - 1, 0)
+        b = _find_sequence(qsl_ptr, num_seqs, row, 1, SEQS_BLOCK)
         q_start = tl.load(qsl_ptr + b)
         q_end = tl.load(qsl_ptr + b + 1)
         seq_len = tl.load(seq_lens_ptr + b)
@@ -266,21 +281,18 @@ def _attend_tile(q, acc, l_i, m_i, q_pos, n0, kv_end, k_cache_ptr, v_cache_ptr, 
     return _online_softmax_step(q, k, v, visible, acc, l_i, m_i, scale_log2, DOT_PRECISION, CAUSAL_MASK)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
                     scale_log2, num_seqs,
                     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
                     stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
                     GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
                     HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr,
-                    BLOCK_N: tl.constexpr, SEQS_P2: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    BLOCK_N: tl.constexpr, SEQS_BLOCK: tl.constexpr, DOT_PRECISION: tl.constexpr):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_P2
     qb = tl.program_id(0)
     kvh = tl.program_id(1)
-    seqs = tl.arange(0, SEQS_P2)
-    starts = tl.load(qsl_ptr + seqs, mask=seqs < num_seqs, other=2147483647)
-    first_block = tl.where(seqs < num_seqs, starts // BLOCK_Q + seqs, 2147483647)
-    b = tl.maximum(tl.sum((first_block <= qb).to(tl.int32), axis=0) - 1, 0)
+    b = _find_sequence(qsl_ptr, num_seqs, qb, BLOCK_Q, SEQS_BLOCK)
     q_start = tl.load(qsl_ptr + b)
     q_len = tl.load(qsl_ptr + b + 1) - q_start
     j = qb - (q_start // BLOCK_Q + b)  # this program's query block within sequence b
@@ -401,7 +413,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
     if T == 0 or B == 0:
         return out
     common = dict(HEAD_DIM=hd, HEAD_DIM_P2=max(next_pow2(hd), 16), BLOCK_SIZE=block_size,
-                  SEQS_P2=next_pow2(B), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+                  SEQS_BLOCK=64, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     strides = (q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
                *_cache_strides(k_cache), *_cache_strides(v_cache))
     scale_log2 = scale * _LOG2E

@@ -33,7 +33,8 @@ from shardline.manifest import Manifest, sha256_file
 from shardline.model.transformer import StageModel, StepMetadata
 from shardline.parallel import TPGroup
 from shardline.sampler import sample
-from shardline.stage_worker.batch import StageBatch
+from shardline.sampling import SamplingParams
+from shardline.stage_worker.batch import SequenceChunk, StageBatch
 from shardline.stage_worker.block_manager import BlockManager, OutOfBlocks
 from shardline.stage_worker.cuda_graphs import CudaGraphRunner, write_src
 from shardline.stage_worker.kv_cache import KVCache, plan_num_blocks
@@ -87,9 +88,11 @@ class StageEngine:
         self.model = StageModel(cfg, tp, weights, self.spec.layer_start, self.spec.layer_end,
                                 self.is_first, self.is_last)
         self.dtype = MODEL_DTYPES[self.manifest.dtype]
+        gemm_buckets: set[int] = set()  # row counts the GEMM table has entries for
         if config.gemm_config and self.device.type == "cuda":
             table = GemmTable.load(config.gemm_config, self.device)
             if table is not None:
+                gemm_buckets = {m for by_m in table.entries.values() for m in by_m}
                 self.model.configure_gemms(table)
                 gaps = self.model.gemm_bucket_gaps(table)
                 if gaps:
@@ -126,6 +129,29 @@ class StageEngine:
         self.num_steps = 0
         self.num_tokens = 0
         self.busy_seconds = 0.0
+        if self.device.type == "cuda" and config.capture_graphs_at_start:
+            buckets = gemm_buckets | set(self.graphs.batch_buckets if self.graphs else ())
+            self.warm_up(warm_up_token_counts(buckets, config.max_num_batched_tokens))
+
+    def warm_up(self, token_counts: list[int]) -> None:
+        """Run one eager step of a made-up prompt of each of `token_counts` tokens, then forget it
+        (its blocks, its sampled id, the step counters). Triton compiles a kernel the first time it
+        meets a new specialization: without this, the first requests of a new replica each waited
+        ~0.8 s a compile (docs/benchmarks.md, session s). Every rank runs it (in __init__), in the
+        same order, so their collectives pair up."""
+        started = time.perf_counter()
+        rid = "__shardline_warm_up__"
+        for n in token_counts:
+            if self.block_manager.num_free_blocks * self.block_manager.block_size < n or n > self.max_model_len:
+                continue
+            inputs = (torch.zeros(n, dtype=torch.int64) if self.is_first else
+                      torch.zeros(n, self.model_config.hidden_size, dtype=self.dtype, device=self.device))
+            self.execute(StageBatch([SequenceChunk(rid, 0, n, sample=True, sampling=SamplingParams())]), inputs)
+            self.block_manager.free(rid)
+        self.last_sampled = None
+        self.num_steps, self.num_tokens, self.busy_seconds = 0, 0, 0.0
+        log.info("stage %d rank %d: warmed up the eager kernels on prompts of %s tokens in %.1f s", self.stage,
+                 self.tp.rank, token_counts, time.perf_counter() - started)
 
     def _kv_budget(self) -> int:
         if self.config.kv_cache_bytes is not None:
@@ -265,6 +291,24 @@ class StageEngine:
                 "tp": self.tp.size, "num_blocks": bm.num_blocks, "free_blocks": bm.num_free_blocks,
                 "block_size": bm.block_size, "running": bm.request_ids, "steps": self.num_steps,
                 "tokens": self.num_tokens, "busy_seconds": self.busy_seconds}
+
+
+def warm_up_token_counts(buckets: set[int] | list[int], max_tokens: int) -> list[int]:
+    """Token counts whose eager steps meet every kernel variant a step of up to `max_tokens` can:
+    counts between two neighbouring `buckets` (row counts that pick a GEMM configuration or a
+    graph) share configurations, and Triton specializes an integer argument on whether it is
+    divisible by 16, so each such range gives its smallest count of each kind. (One token is a
+    decode graph's.)"""
+    edges = sorted({b for b in buckets if 1 <= b < max_tokens} | {max_tokens})
+    counts, lo = set(), 1
+    for hi in edges:
+        plain = next((c for c in range(lo + 1, hi + 1) if c % 16), None)
+        even = -(-(lo + 1) // 16) * 16
+        counts.update(c for c in (plain, even) if c is not None and c <= hi)
+        lo = hi
+    counts.add(max_tokens)
+    counts.discard(1)
+    return sorted(counts)
 
 
 def _to_device(meta: StepMetadata, device: torch.device) -> StepMetadata:

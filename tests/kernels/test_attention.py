@@ -167,6 +167,18 @@ def test_mixed_prefill_and_decode_triton(device, dtype, num_heads, num_kv_heads,
 
 
 @pytest.mark.gpu
+def test_batches_past_one_sequence_scan_block(device):
+    """Both kernels find a row's sequence by scanning query_start_loc 64 entries at a time (one
+    compile for every batch size): sequences past the first 64, in mixed and decode form."""
+    seqs = [(i % 7, 1 + (i % 3 == 0) * (i % 5)) for i in range(70)] + [(4, 6)]
+    q, kw = make_paged_batch(seqs, 4, 2, 16, device=device)
+    _check(q, kw, "71 mixed sequences")
+    q, kw = make_paged_batch([(3 + i % 9, 1) for i in range(130)], 4, 2, 16, device=device)
+    assert q.shape[0] == 130
+    _check(q, kw, "130 decode rows, the per-row kernel searching (no hint that row r is sequence r)")
+
+
+@pytest.mark.gpu
 def test_long_prefill_triton(device):
     if device != "cuda":
         pytest.skip("too slow interpreted")
