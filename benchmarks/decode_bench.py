@@ -285,6 +285,7 @@ def main() -> None:
     # gpt-fast compiles per batch size for minutes: at batches 1 and 64 it ran past 420 s on a fresh
     # H200 machine (2026-11-29), so it is opt-in and best run as its own call.
     ap.add_argument("--gptfast-batches", default="", help="e.g. 1,64 (minutes of compiling per batch)")
+    ap.add_argument("--gptfast-timeout", type=int, default=420, help="seconds gpt-fast may take, all batches")
     ap.add_argument("--skip", default="", help="comma list of: llama (its decode table and prefill), int8, fp8, gptj, "
                     "prefill")
     ap.add_argument("--gptj-batches", type=batch_list, default=[1],
@@ -351,7 +352,7 @@ def main() -> None:
         if (peers / "gpt-fast").is_dir() and args.gptfast_batches:
             res["gptfast"] = run_json_lines([sys.executable, str(HERE / "peer_gptfast.py"), "--batches",
                                              args.gptfast_batches], env={"PYTHONPATH": str(peers / "gpt-fast")},
-                                            timeout=420)
+                                            timeout=args.gptfast_timeout)
         print(json.dumps(res), flush=True)
 
     res["kv_2k_sequences_at_0.9_memory"] = kv_capacity_2k("llama3-8b")  # before this process holds anything
