@@ -3,13 +3,15 @@
     python benchmarks/e2e_bench.py --shape llama3-8b --device cuda --batch 16          # issue 4's bar
     python benchmarks/e2e_bench.py --shape llama3-8b --device cuda --batch 16,64,256   # and beyond it
     python benchmarks/e2e_bench.py --shape llama-small --device cpu --batch 16         # on a CPU
+    python benchmarks/e2e_bench.py --shape llama3-8b --device cuda --batch 64 --gateways 1,2
 
 One run, same random weights (model/random_weights.py); at each batch size, `batch` requests of
 `prompt` random token ids and `new` greedy tokens each (ignore_eos):
   engine  - LocalPipeline in this process: every request at once, wall time of generate()
   served  - LocalCluster with --random-shape: Redis, tokenizer (a synthetic word-level tokenizer of
-            the model's vocabulary), one stage worker, one gateway; `batch` concurrent streams of
-            one AsyncClient, connected before the clock starts
+            the model's vocabulary), one stage worker, `--gateways` gateways (1; a list
+            starts a cluster for each); `batch` concurrent streams, dealt in turn to one
+            AsyncClient a gateway, connected before the clock starts
 Prints tokens/s of each and served / engine (issue 4's bar: >= 0.9 at batch 16 on the GPU).
 """
 
@@ -28,7 +30,7 @@ import torch
 
 from benchmarks.decode_bench import build
 from shardline.client import AsyncClient, RequestInfo
-from shardline.launcher import ClusterConfig, LocalCluster, free_port
+from shardline.launcher import ClusterConfig, LocalCluster, free_port_run
 from shardline.sampling import SamplingParams
 from shardline.v1 import stage_pb2, stage_pb2_grpc
 
@@ -74,21 +76,26 @@ def served_rounds(args, cluster: LocalCluster, prompts: list[list[int]]) -> list
     async def run() -> list[tuple]:
         # One SDK client (one HTTP/2 connection, as a service calling shardline keeps), connected
         # before the clock starts: the round times the serving path, not connection set-up.
-        async with AsyncClient(cluster.gateway_address) as client:
+        clients = [AsyncClient(address) for address in cluster.gateway_addresses]
+        try:
+            burst = lambda: asyncio.gather(*(one(clients[i % len(clients)], p) for i, p in enumerate(prompts)))
             # Warm-up: one uncounted round of the same burst, so that every shape the rounds meet
             # (prefill chunks of however many requests land together) is compiled and cached first.
-            await asyncio.gather(*(one(client, p) for p in prompts))
+            await burst()
             rounds = []
             for _ in range(args.rounds):
                 steps0, busy0 = counters()
                 t, t_unix = time.perf_counter(), time.time()
-                done = await asyncio.gather(*(one(client, p) for p in prompts))
+                done = await burst()
                 wall = max(s[-1] for s, _ in done) - t
                 steps1, busy1 = counters()
                 # the gateway's own stamps (unix time, this machine's clock), from the round's start
                 gateway = [(info.queued_at - t_unix, info.first_token_at - t_unix) for _, info in done]
                 rounds.append((wall, t, [s for s, _ in done], steps1 - steps0, busy1 - busy0, gateway))
             return rounds
+        finally:
+            for client in clients:
+                await client.close()
 
     try:
         return asyncio.run(run())
@@ -130,6 +137,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3, help="served rounds per batch (after an uncounted "
                     "warm-up round); the fastest counts")
+    ap.add_argument("--gateways", default="1", help="gateway processes, or a comma list (a cluster for "
+                    "each); the streams are dealt among them (one carries ~10,000 tokens/s)")
     ap.add_argument("--workdir", help="keep the cluster's logs here (with --trace: a line per stage-0 step)")
     ap.add_argument("--trace", action="store_true", help="stage workers log at DEBUG: every step's rows and path")
     ap.add_argument("--out")
@@ -140,12 +149,17 @@ def main() -> None:
     prompts = {b: torch.randint(3, 1000, (b, args.prompt), generator=g).tolist() for b in batches}
     engine_s = engine_seconds(args, batches, prompts, cuda)
 
-    config = ClusterConfig(random_shape=args.shape, pp=1, device=args.device, dtype="bf16" if cuda else "fp32",
-                           grpc_port=free_port(), max_model_len=4096 if cuda else 1024,
-                           num_blocks=None if cuda else 2048, startup_timeout_s=600, workdir=args.workdir,
-                           extra_env={"SHARDLINE_LOG_LEVEL": "DEBUG"} if args.trace else {})
-    with LocalCluster(config) as cluster:
-        results = [summary(b, args.new, engine_s[b], served_rounds(args, cluster, prompts[b])) for b in batches]
+    results = []
+    for gateways in (int(n) for n in args.gateways.split(",")):
+        workdir = f"{args.workdir}/gateways-{gateways}" if args.workdir else None
+        config = ClusterConfig(random_shape=args.shape, pp=1, device=args.device, dtype="bf16" if cuda else "fp32",
+                               grpc_port=free_port_run(gateways), gateways=gateways,
+                               max_model_len=4096 if cuda else 1024, num_blocks=None if cuda else 2048,
+                               startup_timeout_s=600, workdir=workdir,
+                               extra_env={"SHARDLINE_LOG_LEVEL": "DEBUG"} if args.trace else {})
+        with LocalCluster(config) as cluster:
+            results += [{"gateways": gateways, **summary(b, args.new, engine_s[b], served_rounds(args, cluster, prompts[b]))}
+                        for b in batches]
     res = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
            "device": torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine(),
            "shape": args.shape, "prompt": args.prompt, "new": args.new, "batches": results}
@@ -155,7 +169,7 @@ def main() -> None:
             json.dump(res, f, indent=2)
     print(f"\n{res['device']}  {res['date']}\n$ {res['command']}")
     for r in results:
-        print(f"batch {r['batch']}: engine {r['engine_tok_s']} tok/s, served {r['served_tok_s']} tok/s "
+        print(f"batch {r['batch']}, {r['gateways']} gateway{'s' if r['gateways'] > 1 else ''}: engine {r['engine_tok_s']} tok/s, served {r['served_tok_s']} tok/s "
               f"-> served/engine {r['served_over_engine']}{' (bar >= 0.9)' if r['batch'] == 16 else ''}\n"
               f"  first token at {r['served_first_token_ms']} ms (min, median, max from the round's start), "
               f"last at {r['served_last_token_ms']}; rounds {r['served_rounds_s']} s, stage-0 steps "

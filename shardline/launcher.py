@@ -43,6 +43,24 @@ def free_port() -> int:
             return port
 
 
+def free_port_run(n: int) -> int:
+    """The first of n consecutive free ports (ClusterConfig.gateways listen on port, port + 1, ...)."""
+    while True:
+        base = free_port()
+        rest = []
+        try:
+            for port in range(base + 1, base + n):
+                if port > 65535 or port in _handed_out:
+                    raise OSError(f"port {port} is taken")
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+                rest.append(port)
+        except OSError:
+            continue
+        _handed_out.update(rest)
+        return base
+
+
 def wait_healthy(address: str, timeout_s: float, proc: subprocess.Popen | None = None, what: str = "") -> None:
     """Until gRPC health says SERVING at `address` (or the process dies, or time runs out)."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -92,6 +110,10 @@ class ClusterConfig:
     max_queued: int | None = None
     startup_timeout_s: float = 180.0
     with_gateway: bool = True  # False: Redis and stage workers only (stage-level tests)
+    # Gateway processes, on grpc_port, grpc_port + 1, ... (and http_port + i): what `kubectl scale
+    # deployment` does to the gateway. They share Redis and the stage workers; one gateway process
+    # carries about 10,000 streamed tokens/s (docs/benchmarks.md).
+    gateways: int = 1
     # Benchmarks: stage workers on random weights of a built-in shape, a synthetic tokenizer of its
     # vocabulary, no model directory (see model/random_weights.py).
     random_shape: str | None = None
@@ -102,11 +124,18 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         """The flags no process needs to see to refuse: checked before anything starts."""
-        for flag, value in (("--tp", self.tp), ("--pp", self.pp), ("--replicas", self.replicas)):
+        for flag, value in (("--tp", self.tp), ("--pp", self.pp), ("--replicas", self.replicas),
+                            ("--gateways", self.gateways)):
             if value < 1:
                 raise ConfigError(f"{flag} {value} must be >= 1")
         check_port("--grpc-port", self.grpc_port)
         check_port("--http-port", self.http_port)
+        if self.gateways > 1:  # gateway i listens on port + i
+            check_port(f"--grpc-port (+ {self.gateways - 1} for --gateways {self.gateways})",
+                       self.grpc_port + self.gateways - 1)
+            if self.http_port:
+                check_port(f"--http-port (+ {self.gateways - 1} for --gateways {self.gateways})",
+                           self.http_port + self.gateways - 1)
         check_device(self.device, here=True)
 
 
@@ -122,7 +151,8 @@ class LocalCluster:
         self.model_dir: Path | None = None
         self.redis_url = config.redis_url
         self.tokenizer_address = ""
-        self.gateway_address = f"127.0.0.1:{config.grpc_port}"
+        self.gateway_addresses = [f"127.0.0.1:{config.grpc_port + i}" for i in range(config.gateways)]
+        self.gateway_address = self.gateway_addresses[0]
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -169,19 +199,24 @@ class LocalCluster:
         if not c.with_gateway:
             return
         wait_healthy(self.tokenizer_address, c.startup_timeout_s, tok, "tokenizer")
-        gw_cmd = [sys.executable, "-m", "shardline.gateway", "--port", str(c.grpc_port), "--redis-url", self.redis_url,
+        gw_cmd = [sys.executable, "-m", "shardline.gateway", "--redis-url", self.redis_url,
                   "--tokenizer", self.tokenizer_address, "--model-name", self.model_name]
         if self.model_dir is not None:
             gw_cmd += ["--model-dir", str(self.model_dir)]
         if c.max_model_len:
             gw_cmd += ["--max-model-len", f"{self.model_name}={c.max_model_len}"]
-        if c.http_port:
-            gw_cmd += ["--http-port", str(c.http_port)]
         if c.max_queued is not None:
             gw_cmd += ["--max-queued", str(c.max_queued)]
-        gw = self._spawn("gateway", gw_cmd)
-        wait_healthy(self.gateway_address, c.startup_timeout_s, gw, "gateway")
-        self._wait_one_token()
+        gateways = []
+        for i, address in enumerate(self.gateway_addresses):
+            ports = ["--port", address.rpartition(":")[2]]
+            if c.http_port:
+                ports += ["--http-port", str(c.http_port + i)]
+            name = "gateway" if i == 0 else f"gateway-{i}"
+            gateways.append((address, self._spawn(name, gw_cmd + ports), name))
+        for address, proc, name in gateways:
+            wait_healthy(address, c.startup_timeout_s, proc, name)
+            self._wait_one_token(address)
 
     def add_replica(self, stage: int) -> str:
         """Start one more replica of `stage` (what `kubectl scale` does to a stage's StatefulSet);
@@ -255,13 +290,13 @@ class LocalCluster:
                 time.sleep(0.05)
         return f"redis://127.0.0.1:{port}/0"
 
-    def _wait_one_token(self) -> None:
+    def _wait_one_token(self, address: str) -> None:
         """Ready means a one-token request goes through, not that the processes are up."""
         from shardline.client import Client
 
         deadline = time.monotonic() + self.config.startup_timeout_s
         last: Exception | None = None
-        with Client(self.gateway_address) as client:
+        with Client(address) as client:
             while time.monotonic() < deadline:
                 try:
                     client.generate("hello", model=self.model_name, max_tokens=1, timeout=30)
@@ -331,6 +366,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--replicas", type=int, default=1, help="replicas of every stage")
+    p.add_argument("--gateways", type=int, default=1,
+                   help="gateway processes, on --grpc-port and the ports after it (and --http-port's)")
     p.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"],
                    help="default: fp32 on cpu, bf16 on cuda")
     p.add_argument("--device", default="cpu")
@@ -343,7 +380,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         config = ClusterConfig(model=args.model, tiny_family=args.tiny_family, model_name=args.model_name,
-                               tp=args.tp, pp=args.pp, replicas=args.replicas,
+                               tp=args.tp, pp=args.pp, replicas=args.replicas, gateways=args.gateways,
                                dtype=args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32"),
                                device=args.device, grpc_port=args.grpc_port, http_port=args.http_port,
                                redis_url=args.redis_url, workdir=args.workdir,
@@ -365,8 +402,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"shardline up: error: {e}\n  logs: {cluster.logdir}", file=sys.stderr)
         cluster.stop()
         return 2
+    more = f" (and {', '.join(cluster.gateway_addresses[1:])})" if config.gateways > 1 else ""
     print(f"shardline: ready. model {cluster.model_name!r}\n"
-          f"  gRPC   {cluster.gateway_address}   (python -c \"from shardline.client import Client; "
+          f"  gRPC   {cluster.gateway_address}{more}   (python -c \"from shardline.client import Client; "
           f"print(Client('{cluster.gateway_address}').generate('Hello', max_tokens=16).text)\")\n"
           + (f"  HTTP   http://127.0.0.1:{config.http_port}/v1/completions\n" if config.http_port else "")
           + f"  Redis  {cluster.redis_url}\n  logs   {cluster.logdir}\nCtrl-C to stop.", flush=True)
