@@ -15,6 +15,8 @@ from shardline.cli import main
     (["--pp", "-1"], "--pp -1 must be >= 1"),
     (["--grpc-port", "70000"], "--grpc-port 70000 must be in 0..65535"),
     (["--http-port", "-1"], "--http-port -1 must be in 0..65535"),
+    (["--gateways", "0"], "--gateways 0 must be >= 1"),
+    (["--gateways", "3", "--grpc-port", "65534"], r"--grpc-port (+ 2 for --gateways 3) 65536 must be in 0..65535"),
 ])
 def test_bad_flags_exit_2_before_anything_starts(tmp_path, monkeypatch, capsys, flags, message):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the cluster's workdir would go
