@@ -15,7 +15,7 @@ def test_a_compile_is_logged_with_its_kernel_specialization_and_time(caplog):
     hooks = CompileLog(logging.getLogger("test.compiles"))
     # Triton 3.6's JITFunction._call_hook passes these keywords to both hooks; `compile` holds the
     # signature by name, the constants and the attributes (divisibility) by argument index.
-    compile = {"signature": {"q_ptr": "*bf16", "num_seqs": "i32", "stride": "i32", "SEQS_P2": "constexpr"},
+    compile = {"signature": {"q_ptr": "*bf16", "num_seqs": "i32", "stride": "i32", "BLOCK_Q": "constexpr"},
                "constants": {(3,): 32}, "configs": [{(0,): [["tt.divisibility", 16]],
                                                      (2,): [["tt.divisibility", 16]]}],
                "num_warps": 4, "num_stages": 3}
@@ -28,7 +28,7 @@ def test_a_compile_is_logged_with_its_kernel_specialization_and_time(caplog):
     (record,) = caplog.records
     message = record.getMessage()
     assert ("_prefill_kernel[num_warps=4, num_stages=3](q_ptr: *bf16/16, num_seqs: i32, stride: i32/16, "
-            "SEQS_P2=32)") in message
+            "BLOCK_Q=32)") in message
     assert " ms " in message and "nan" not in message
 
 
