@@ -30,6 +30,7 @@ import torch
 
 from benchmarks.decode_bench import build
 from shardline.client import AsyncClient, RequestInfo
+from benchmarks.gateway_capacity import cpu_seconds
 from shardline.launcher import ClusterConfig, LocalCluster, free_port_run
 from shardline.sampling import SamplingParams
 from shardline.v1 import stage_pb2, stage_pb2_grpc
@@ -60,6 +61,12 @@ def served_rounds(args, cluster: LocalCluster, prompts: list[list[int]]) -> list
     arrival times, stage-0 steps, stage-0 busy seconds) each."""
     channel = grpc.insecure_channel(cluster.stage_addresses[0][0])
     stage0 = stage_pb2_grpc.StageWorkerStub(channel)
+    pids = {"stage0": cluster.process("stage0-replica0-rank0").pid,
+            "gateways": [p.pid for name, p in cluster.procs if name.startswith("gateway")]}
+
+    def cpu() -> tuple[float, float]:
+        """CPU seconds so far of stage 0's rank 0 and of the gateways together."""
+        return cpu_seconds(pids["stage0"]), sum(cpu_seconds(pid) for pid in pids["gateways"])
 
     def counters() -> tuple[int, float]:
         c = stage0.GetStatus(stage_pb2.StatusRequest(), timeout=10).counters
@@ -85,13 +92,16 @@ def served_rounds(args, cluster: LocalCluster, prompts: list[list[int]]) -> list
             rounds = []
             for _ in range(args.rounds):
                 steps0, busy0 = counters()
+                cpu0 = cpu()
                 t, t_unix = time.perf_counter(), time.time()
                 done = await burst()
                 wall = max(s[-1] for s, _ in done) - t
+                cpu1 = cpu()
                 steps1, busy1 = counters()
                 # the gateway's own stamps (unix time, this machine's clock), from the round's start
                 gateway = [(info.queued_at - t_unix, info.first_token_at - t_unix) for _, info in done]
-                rounds.append((wall, t, [s for s, _ in done], steps1 - steps0, busy1 - busy0, gateway))
+                rounds.append((wall, t, [s for s, _ in done], steps1 - steps0, busy1 - busy0, gateway,
+                               (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1])))
             return rounds
         finally:
             for client in clients:
@@ -104,7 +114,7 @@ def served_rounds(args, cluster: LocalCluster, prompts: list[list[int]]) -> list
 
 
 def summary(batch: int, new: int, engine_s: float, rounds: list[tuple]) -> dict:
-    served_s, t0, streams, _, _, gateway = min(rounds, key=lambda r: r[0])
+    served_s, t0, streams, _, _, gateway, _ = min(rounds, key=lambda r: r[0])
     gaps = [b - a for s in streams for a, b in zip(s, s[1:])]
     first = sorted(s[0] - t0 for s in streams)  # time to first token, from the round's start
     last = sorted(s[-1] - t0 for s in streams)
@@ -124,6 +134,10 @@ def summary(batch: int, new: int, engine_s: float, rounds: list[tuple]) -> dict:
             # the worker waited (on the network, the gateway), not the GPU
             "served_round_steps": [r[3] for r in rounds],
             "served_round_busy_s": [round(r[4], 3) for r in rounds],
+            # CPU time of stage 0's process (its steps' host work, its token streams) and of the
+            # gateways, per generated token, in each round (the process's whole CPU, every thread)
+            "stage0_cpu_us_per_token": [round(1e6 * r[6][0] / tokens, 1) for r in rounds],
+            "gateway_cpu_us_per_token": [round(1e6 * r[6][1] / tokens, 1) for r in rounds],
             # the fastest round's start on the monotonic clock the --trace step lines also use
             "served_round_t0": round(t0, 4)}
 
@@ -174,6 +188,7 @@ def main() -> None:
               f"  first token at {r['served_first_token_ms']} ms (min, median, max from the round's start), "
               f"last at {r['served_last_token_ms']}; rounds {r['served_rounds_s']} s, stage-0 steps "
               f"{r['served_round_steps']}, busy {r['served_round_busy_s']} s\n"
+              f"  CPU a token: stage 0 {r['stage0_cpu_us_per_token']} us, gateway {r['gateway_cpu_us_per_token']} us\n"
               f"  the gateway accepted them at {r['gateway_queued_ms']} ms and had their first tokens at "
               f"{r['gateway_first_token_ms']} ms")
 
