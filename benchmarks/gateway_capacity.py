@@ -33,6 +33,62 @@ from shardline.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 VOCAB = 128256
 
 
+class StreamAbort(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+class _OneSequenceOfMany:
+    """The context a fake's per-request Generate sees inside GenerateMany: its abort() ends the
+    whole stream, as a stage 0 going down ends every sequence on it."""
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise StreamAbort(code, details)
+
+
+async def generate_many_over(generate, request_iterator, context):
+    """A fake stage 0's GenerateMany built on its per-request Generate (an async generator of
+    TokenEvents): each admission runs as a task, a cancel item cancels it, and whatever events
+    are ready go out in one message."""
+    out: asyncio.Queue = asyncio.Queue()
+    tasks: dict[int, asyncio.Task] = {}
+
+    async def run(item) -> None:
+        try:
+            async for event in generate(item.admit, _OneSequenceOfMany()):
+                out.put_nowait(stage_pb2.TokenItem(sequence=item.sequence, event=event))
+        except StreamAbort as e:
+            out.put_nowait(e)
+
+    async def read() -> None:
+        async for message in request_iterator:
+            for item in message.items:
+                if item.cancel:
+                    task = tasks.pop(item.sequence, None)
+                    if task is not None:
+                        task.cancel()
+                else:
+                    tasks[item.sequence] = asyncio.create_task(run(item))
+
+    reader = asyncio.create_task(read())
+    try:
+        while True:
+            items = [await out.get()]
+            while not out.empty():
+                items.append(out.get_nowait())
+            abort = next((i for i in items if isinstance(i, StreamAbort)), None)
+            items = [i for i in items if not isinstance(i, StreamAbort)]
+            if items:
+                yield stage_pb2.GenerateManyResponse(items=items)
+            if abort is not None:
+                await context.abort(abort.code, abort.details)
+    finally:
+        reader.cancel()
+        for task in tasks.values():
+            task.cancel()
+
+
 class PacedFakeStage0(stage_pb2_grpc.StageWorkerServicer):
     """Stage 0 without a model: each running stream gets one token per step, all in lockstep."""
 
@@ -59,6 +115,10 @@ class PacedFakeStage0(stage_pb2_grpc.StageWorkerServicer):
                                            else common_pb2.FINISH_REASON_UNSPECIFIED)
         finally:
             del self.streams[request.request_id]
+
+    async def GenerateMany(self, request_iterator, context):  # an async generator, as gRPC's aio server wants
+        async for message in generate_many_over(self.Generate, request_iterator, context):
+            yield message
 
 
 async def serve_fake_stage0(port: int, redis_url: str, model: str, step_s: float) -> None:

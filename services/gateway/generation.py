@@ -96,7 +96,7 @@ class Generation:
     num_resumes: int = 0
     first_token_at: float = 0.0  # unix time of the first generated token; 0 = none yet
     _task: asyncio.Task | None = None
-    _call: object | None = None  # the stage-0 Generate call in progress
+    _call: object | None = None  # the sequence on the stage-0 stream (stage_client.AdmittedSequence)
     _cancel_requested: bool = False
     _at_yield: bool = False  # suspended at a yield: the consumer, not events(), is running
     _broken_reason: str = ""
@@ -200,8 +200,8 @@ class Generation:
             await self._end(state, reason, error)
 
     async def _end(self, state: str, reason: str, error: str) -> None:
-        """Once, however the request ends: close the stage-0 stream (this frees the KV cache along
-        the route), give the slot back, write the final record."""
+        """Once, however the request ends: cancel the sequence on the stage-0 stream (this frees
+        its KV cache along the route), give the slot back, write the final record."""
         if self._has_ended:
             return
         self._has_ended = True
@@ -245,7 +245,7 @@ class Generation:
                         break
                     finish = FINISH_REASONS.get(event.finish_reason, "")
                     if finish in ("ERROR", "CANCELLED"):
-                        # We cancel only by closing the stream, after which we read nothing: a
+                        # We cancel only by cancelling the sequence, after which we read nothing: a
                         # CANCELLED here, like an ERROR (a drained replica hands its sequences back
                         # this way), means this route gave up on the sequence, not the client.
                         broken = RouteBroken(f"stage 0 at {self.route.addresses[0]} ended the sequence: "

@@ -28,7 +28,7 @@ from shardline.kernels._dispatch import log_compiles
 from shardline.parallel import init_tp_group, leave_tp_group, rank_device
 from shardline.registry import Registry, ReplicaInfo
 from shardline.stage_worker.engine import StageEngine, follow
-from shardline.stage_worker.convert import sampling_from_proto
+from shardline.stage_worker.convert import TokenEvent, sampling_from_proto
 from shardline.stage_worker.worker import AdmissionError, StageWorker
 from shardline.v1 import stage_pb2, stage_pb2_grpc
 
@@ -97,6 +97,77 @@ class StageWorkerServicer(stage_pb2_grpc.StageWorkerServicer):
             if event.finish_reason is not None:
                 return
 
+    def GenerateMany(self, request_iterator, context):
+        """Generate for every admission on one stream. A thread reads the items (admit, cancel);
+        this one sends whatever events have come since its last message, all sequences in one."""
+        out: queue.Queue = queue.Queue()
+        open_: dict[int, _Admission] = {}  # sequence -> admission not yet finished
+        lock = threading.Lock()
+
+        def end_all() -> None:
+            with lock:
+                admissions = list(open_.values())
+                open_.clear()
+            for admission in admissions:
+                self.worker.cancel(admission.request_id, admission)
+
+        def read() -> None:
+            try:
+                for message in request_iterator:
+                    for item in message.items:
+                        self._admit_item(item, out, open_, lock)
+            except grpc.RpcError:
+                pass  # the call ended; its callback ends the admissions
+            finally:
+                out.put(None)
+
+        context.add_callback(end_all)
+        threading.Thread(target=read, name="generate-many-reader", daemon=True).start()
+        while True:
+            try:
+                items = [out.get(timeout=1.0)]
+            except queue.Empty:
+                if not context.is_active():
+                    return
+                continue
+            while True:
+                try:
+                    items.append(out.get_nowait())
+                except queue.Empty:
+                    break
+            ended = items[-1] is None  # the client closed its side: end what it left running
+            items = [i for i in items if i is not None]
+            if items:
+                with lock:
+                    for item in items:
+                        if item.code or item.event.finish_reason:
+                            open_.pop(item.sequence, None)
+                yield stage_pb2.GenerateManyResponse(items=items)
+            if ended:
+                end_all()
+                return
+
+    def _admit_item(self, item, out: queue.Queue, open_: dict, lock: threading.Lock) -> None:
+        if item.cancel:
+            with lock:
+                admission = open_.pop(item.sequence, None)
+            if admission is not None:
+                self.worker.cancel(admission.request_id, admission)
+            return
+        request = item.admit
+        admission = _Admission(out, item.sequence, request.request_id)
+        try:
+            sampling = sampling_from_proto(request.sampling)
+            with lock:  # before its first event can come
+                open_[item.sequence] = admission
+            self.worker.admit(request.request_id, list(request.prompt_token_ids), sampling, list(request.route),
+                              list(request.generated_token_ids), events=admission)
+        except (AdmissionError, ValueError) as e:
+            with lock:
+                open_.pop(item.sequence, None)
+            code = e.code if isinstance(e, AdmissionError) else grpc.StatusCode.INVALID_ARGUMENT
+            out.put(stage_pb2.TokenItem(sequence=item.sequence, code=code.value[0], message=str(e)))
+
     def Forward(self, request, context):
         try:
             depth = self.worker.forward(request)
@@ -125,6 +196,17 @@ class StageWorkerServicer(stage_pb2_grpc.StageWorkerServicer):
                                              busy_seconds=s["busy_seconds"],
                                              max_micro_batches_in_flight=s["max_micro_batches_in_flight"]),
             is_draining=s["is_draining"])
+
+
+class _Admission:
+    """One admission of a GenerateMany stream: the worker's events queue for it, tagging each event
+    with the admission's sequence number on the way into the stream's one outgoing queue."""
+
+    def __init__(self, out: queue.Queue, sequence: int, request_id: str) -> None:
+        self.out, self.sequence, self.request_id = out, sequence, request_id
+
+    def put(self, event: TokenEvent) -> None:
+        self.out.put(stage_pb2.TokenItem(sequence=self.sequence, event=event.to_proto()))
 
 
 def replica_info(worker: StageWorker) -> ReplicaInfo:

@@ -86,8 +86,9 @@ class StageWorker:
     # -- called from servicer threads ------------------------------------------------------------
 
     def admit(self, request_id: str, prompt: list[int], sampling: SamplingParams, route: list[str],
-              generated: list[int]) -> queue.Queue:
-        """Stage 0: queue a sequence; its TokenEvents arrive on the returned queue."""
+              generated: list[int], events=None) -> queue.Queue:
+        """Stage 0: queue a sequence; its TokenEvents arrive on the returned queue (`events`, where
+        given: anything with put(), which then names this attempt to cancel)."""
         if not self.is_first:
             raise AdmissionError(f"this replica serves stage {self.stage}; send Generate to a stage-0 replica",
                                  grpc.StatusCode.FAILED_PRECONDITION)
@@ -114,7 +115,7 @@ class StageWorker:
         key = attempt_key(request_id, f"{self._attempt_prefix}{next(self._attempts)}")
         seq = Sequence(key, list(prompt), sampling, self.engine.model_config.eos_token_ids,
                        output_token_ids=list(generated), route=tuple(route))
-        events: queue.Queue = queue.Queue()
+        events = queue.Queue() if events is None else events
         self._inbox.put(("admit", seq, events))
         return events
 

@@ -17,7 +17,7 @@ _sym_db = _symbol_database.Default()
 from shardline.v1 import common_pb2 as shardline_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18shardline/v1/stage.proto\x12\x0cshardline.v1\x1a\x19shardline/v1/common.proto\"\x98\x01\n\x0c\x41\x64mitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12.\n\x08sampling\x18\x03 \x01(\x0b\x32\x1c.shardline.v1.SamplingParams\x12\r\n\x05route\x18\x04 \x03(\t\x12\x1b\n\x13generated_token_ids\x18\x05 \x03(\x05\"\x95\x01\n\nTokenEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\x08token_id\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.shardline.v1.FinishReason\x12\r\n\x05\x65rror\x18\x05 \x01(\tB\x0b\n\t_token_id\"\x8f\x01\n\rSequenceChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0estart_position\x18\x02 \x01(\x03\x12\x12\n\nnum_tokens\x18\x03 \x01(\x05\x12\x0e\n\x06sample\x18\x04 \x01(\x08\x12.\n\x08sampling\x18\x05 \x01(\x0b\x32\x1c.shardline.v1.SamplingParams\"\xb3\x01\n\nMicroBatch\x12\x16\n\x0emicro_batch_id\x18\x01 \x01(\x04\x12\x0e\n\x06origin\x18\x02 \x01(\t\x12\r\n\x05route\x18\x03 \x03(\t\x12.\n\tsequences\x18\x04 \x03(\x0b\x32\x1b.shardline.v1.SequenceChunk\x12$\n\x06hidden\x18\x05 \x01(\x0b\x32\x14.shardline.v1.Tensor\x12\x18\n\x10\x66ree_request_ids\x18\x06 \x03(\t\".\n\nForwardAck\x12 \n\x18num_queued_micro_batches\x18\x01 \x01(\x05\"4\n\x0cSampledToken\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\x05\"q\n\rSampledTokens\x12\x16\n\x0emicro_batch_id\x18\x01 \x01(\x04\x12*\n\x06tokens\x18\x02 \x03(\x0b\x32\x1a.shardline.v1.SampledToken\x12\x12\n\x05\x65rror\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_error\"\x05\n\x03\x41\x63k\"1\n\x0b\x46reeRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12\r\n\x05route\x18\x02 \x03(\t\"\x0f\n\rStatusRequest\"q\n\rStageCounters\x12\x11\n\tnum_steps\x18\x01 \x01(\x04\x12\x12\n\nnum_tokens\x18\x02 \x01(\x04\x12\x14\n\x0c\x62usy_seconds\x18\x03 \x01(\x01\x12#\n\x1bmax_micro_batches_in_flight\x18\x04 \x01(\r\"\xcb\x02\n\x0bStageStatus\x12\x13\n\x0bstage_index\x18\x01 \x01(\x05\x12\x12\n\nnum_stages\x18\x02 \x01(\x05\x12\x13\n\x0blayer_start\x18\x03 \x01(\x05\x12\x11\n\tlayer_end\x18\x04 \x01(\x05\x12\x0f\n\x07tp_size\x18\x05 \x01(\x05\x12\x12\n\nreplica_id\x18\x06 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x07 \x01(\t\x12\r\n\x05model\x18\x08 \x01(\t\x12\x18\n\x10num_total_blocks\x18\t \x01(\x03\x12\x17\n\x0fnum_free_blocks\x18\n \x01(\x03\x12\x12\n\nblock_size\x18\x0b \x01(\x05\x12\x1b\n\x13running_request_ids\x18\x0c \x03(\t\x12-\n\x08\x63ounters\x18\r \x01(\x0b\x32\x1b.shardline.v1.StageCounters\x12\x13\n\x0bis_draining\x18\x0e \x01(\x08\x32\xcb\x02\n\x0bStageWorker\x12\x42\n\x08Generate\x12\x1a.shardline.v1.AdmitRequest\x1a\x18.shardline.v1.TokenEvent0\x01\x12=\n\x07\x46orward\x12\x18.shardline.v1.MicroBatch\x1a\x18.shardline.v1.ForwardAck\x12>\n\x0cReturnTokens\x12\x1b.shardline.v1.SampledTokens\x1a\x11.shardline.v1.Ack\x12\x34\n\x04\x46ree\x12\x19.shardline.v1.FreeRequest\x1a\x11.shardline.v1.Ack\x12\x43\n\tGetStatus\x12\x1b.shardline.v1.StatusRequest\x1a\x19.shardline.v1.StageStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18shardline/v1/stage.proto\x12\x0cshardline.v1\x1a\x19shardline/v1/common.proto\"\x98\x01\n\x0c\x41\x64mitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12.\n\x08sampling\x18\x03 \x01(\x0b\x32\x1c.shardline.v1.SamplingParams\x12\r\n\x05route\x18\x04 \x03(\t\x12\x1b\n\x13generated_token_ids\x18\x05 \x03(\x05\"X\n\tAdmitItem\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12)\n\x05\x61\x64mit\x18\x02 \x01(\x0b\x32\x1a.shardline.v1.AdmitRequest\x12\x0e\n\x06\x63\x61ncel\x18\x03 \x01(\x08\"=\n\x13GenerateManyRequest\x12&\n\x05items\x18\x01 \x03(\x0b\x32\x17.shardline.v1.AdmitItem\"e\n\tTokenItem\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\'\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x18.shardline.v1.TokenEvent\x12\x0c\n\x04\x63ode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\">\n\x14GenerateManyResponse\x12&\n\x05items\x18\x01 \x03(\x0b\x32\x17.shardline.v1.TokenItem\"\x95\x01\n\nTokenEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\x08token_id\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.shardline.v1.FinishReason\x12\r\n\x05\x65rror\x18\x05 \x01(\tB\x0b\n\t_token_id\"\x8f\x01\n\rSequenceChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0estart_position\x18\x02 \x01(\x03\x12\x12\n\nnum_tokens\x18\x03 \x01(\x05\x12\x0e\n\x06sample\x18\x04 \x01(\x08\x12.\n\x08sampling\x18\x05 \x01(\x0b\x32\x1c.shardline.v1.SamplingParams\"\xb3\x01\n\nMicroBatch\x12\x16\n\x0emicro_batch_id\x18\x01 \x01(\x04\x12\x0e\n\x06origin\x18\x02 \x01(\t\x12\r\n\x05route\x18\x03 \x03(\t\x12.\n\tsequences\x18\x04 \x03(\x0b\x32\x1b.shardline.v1.SequenceChunk\x12$\n\x06hidden\x18\x05 \x01(\x0b\x32\x14.shardline.v1.Tensor\x12\x18\n\x10\x66ree_request_ids\x18\x06 \x03(\t\".\n\nForwardAck\x12 \n\x18num_queued_micro_batches\x18\x01 \x01(\x05\"4\n\x0cSampledToken\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\x05\"q\n\rSampledTokens\x12\x16\n\x0emicro_batch_id\x18\x01 \x01(\x04\x12*\n\x06tokens\x18\x02 \x03(\x0b\x32\x1a.shardline.v1.SampledToken\x12\x12\n\x05\x65rror\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_error\"\x05\n\x03\x41\x63k\"1\n\x0b\x46reeRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12\r\n\x05route\x18\x02 \x03(\t\"\x0f\n\rStatusRequest\"q\n\rStageCounters\x12\x11\n\tnum_steps\x18\x01 \x01(\x04\x12\x12\n\nnum_tokens\x18\x02 \x01(\x04\x12\x14\n\x0c\x62usy_seconds\x18\x03 \x01(\x01\x12#\n\x1bmax_micro_batches_in_flight\x18\x04 \x01(\r\"\xcb\x02\n\x0bStageStatus\x12\x13\n\x0bstage_index\x18\x01 \x01(\x05\x12\x12\n\nnum_stages\x18\x02 \x01(\x05\x12\x13\n\x0blayer_start\x18\x03 \x01(\x05\x12\x11\n\tlayer_end\x18\x04 \x01(\x05\x12\x0f\n\x07tp_size\x18\x05 \x01(\x05\x12\x12\n\nreplica_id\x18\x06 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x07 \x01(\t\x12\r\n\x05model\x18\x08 \x01(\t\x12\x18\n\x10num_total_blocks\x18\t \x01(\x03\x12\x17\n\x0fnum_free_blocks\x18\n \x01(\x03\x12\x12\n\nblock_size\x18\x0b \x01(\x05\x12\x1b\n\x13running_request_ids\x18\x0c \x03(\t\x12-\n\x08\x63ounters\x18\r \x01(\x0b\x32\x1b.shardline.v1.StageCounters\x12\x13\n\x0bis_draining\x18\x0e \x01(\x08\x32\xa6\x03\n\x0bStageWorker\x12\x42\n\x08Generate\x12\x1a.shardline.v1.AdmitRequest\x1a\x18.shardline.v1.TokenEvent0\x01\x12Y\n\x0cGenerateMany\x12!.shardline.v1.GenerateManyRequest\x1a\".shardline.v1.GenerateManyResponse(\x01\x30\x01\x12=\n\x07\x46orward\x12\x18.shardline.v1.MicroBatch\x1a\x18.shardline.v1.ForwardAck\x12>\n\x0cReturnTokens\x12\x1b.shardline.v1.SampledTokens\x1a\x11.shardline.v1.Ack\x12\x34\n\x04\x46ree\x12\x19.shardline.v1.FreeRequest\x1a\x11.shardline.v1.Ack\x12\x43\n\tGetStatus\x12\x1b.shardline.v1.StatusRequest\x1a\x19.shardline.v1.StageStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -26,28 +26,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ADMITREQUEST']._serialized_start=70
   _globals['_ADMITREQUEST']._serialized_end=222
-  _globals['_TOKENEVENT']._serialized_start=225
-  _globals['_TOKENEVENT']._serialized_end=374
-  _globals['_SEQUENCECHUNK']._serialized_start=377
-  _globals['_SEQUENCECHUNK']._serialized_end=520
-  _globals['_MICROBATCH']._serialized_start=523
-  _globals['_MICROBATCH']._serialized_end=702
-  _globals['_FORWARDACK']._serialized_start=704
-  _globals['_FORWARDACK']._serialized_end=750
-  _globals['_SAMPLEDTOKEN']._serialized_start=752
-  _globals['_SAMPLEDTOKEN']._serialized_end=804
-  _globals['_SAMPLEDTOKENS']._serialized_start=806
-  _globals['_SAMPLEDTOKENS']._serialized_end=919
-  _globals['_ACK']._serialized_start=921
-  _globals['_ACK']._serialized_end=926
-  _globals['_FREEREQUEST']._serialized_start=928
-  _globals['_FREEREQUEST']._serialized_end=977
-  _globals['_STATUSREQUEST']._serialized_start=979
-  _globals['_STATUSREQUEST']._serialized_end=994
-  _globals['_STAGECOUNTERS']._serialized_start=996
-  _globals['_STAGECOUNTERS']._serialized_end=1109
-  _globals['_STAGESTATUS']._serialized_start=1112
-  _globals['_STAGESTATUS']._serialized_end=1443
-  _globals['_STAGEWORKER']._serialized_start=1446
-  _globals['_STAGEWORKER']._serialized_end=1777
+  _globals['_ADMITITEM']._serialized_start=224
+  _globals['_ADMITITEM']._serialized_end=312
+  _globals['_GENERATEMANYREQUEST']._serialized_start=314
+  _globals['_GENERATEMANYREQUEST']._serialized_end=375
+  _globals['_TOKENITEM']._serialized_start=377
+  _globals['_TOKENITEM']._serialized_end=478
+  _globals['_GENERATEMANYRESPONSE']._serialized_start=480
+  _globals['_GENERATEMANYRESPONSE']._serialized_end=542
+  _globals['_TOKENEVENT']._serialized_start=545
+  _globals['_TOKENEVENT']._serialized_end=694
+  _globals['_SEQUENCECHUNK']._serialized_start=697
+  _globals['_SEQUENCECHUNK']._serialized_end=840
+  _globals['_MICROBATCH']._serialized_start=843
+  _globals['_MICROBATCH']._serialized_end=1022
+  _globals['_FORWARDACK']._serialized_start=1024
+  _globals['_FORWARDACK']._serialized_end=1070
+  _globals['_SAMPLEDTOKEN']._serialized_start=1072
+  _globals['_SAMPLEDTOKEN']._serialized_end=1124
+  _globals['_SAMPLEDTOKENS']._serialized_start=1126
+  _globals['_SAMPLEDTOKENS']._serialized_end=1239
+  _globals['_ACK']._serialized_start=1241
+  _globals['_ACK']._serialized_end=1246
+  _globals['_FREEREQUEST']._serialized_start=1248
+  _globals['_FREEREQUEST']._serialized_end=1297
+  _globals['_STATUSREQUEST']._serialized_start=1299
+  _globals['_STATUSREQUEST']._serialized_end=1314
+  _globals['_STAGECOUNTERS']._serialized_start=1316
+  _globals['_STAGECOUNTERS']._serialized_end=1429
+  _globals['_STAGESTATUS']._serialized_start=1432
+  _globals['_STAGESTATUS']._serialized_end=1763
+  _globals['_STAGEWORKER']._serialized_start=1766
+  _globals['_STAGEWORKER']._serialized_end=2188
 # @@protoc_insertion_point(module_scope)

@@ -21,6 +21,40 @@ class AdmitRequest(_message.Message):
     generated_token_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., route: _Optional[_Iterable[str]] = ..., generated_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class AdmitItem(_message.Message):
+    __slots__ = ("sequence", "admit", "cancel")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    admit: AdmitRequest
+    cancel: bool
+    def __init__(self, sequence: _Optional[int] = ..., admit: _Optional[_Union[AdmitRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+
+class GenerateManyRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[AdmitItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[AdmitItem, _Mapping]]] = ...) -> None: ...
+
+class TokenItem(_message.Message):
+    __slots__ = ("sequence", "event", "code", "message")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    event: TokenEvent
+    code: int
+    message: str
+    def __init__(self, sequence: _Optional[int] = ..., event: _Optional[_Union[TokenEvent, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class GenerateManyResponse(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[TokenItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[TokenItem, _Mapping]]] = ...) -> None: ...
+
 class TokenEvent(_message.Message):
     __slots__ = ("request_id", "token_id", "index", "finish_reason", "error")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

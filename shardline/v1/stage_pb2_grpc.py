@@ -39,6 +39,11 @@ class StageWorkerStub:
                 request_serializer=shardline_dot_v1_dot_stage__pb2.AdmitRequest.SerializeToString,
                 response_deserializer=shardline_dot_v1_dot_stage__pb2.TokenEvent.FromString,
                 _registered_method=True)
+        self.GenerateMany = channel.stream_stream(
+                '/shardline.v1.StageWorker/GenerateMany',
+                request_serializer=shardline_dot_v1_dot_stage__pb2.GenerateManyRequest.SerializeToString,
+                response_deserializer=shardline_dot_v1_dot_stage__pb2.GenerateManyResponse.FromString,
+                _registered_method=True)
         self.Forward = channel.unary_unary(
                 '/shardline.v1.StageWorker/Forward',
                 request_serializer=shardline_dot_v1_dot_stage__pb2.MicroBatch.SerializeToString,
@@ -68,6 +73,17 @@ class StageWorkerServicer:
         """Stage 0 only: admit one sequence and stream its sampled tokens as they come.
         Closing the stream (or the call being cancelled) cancels the sequence and frees its KV cache
         along its route. The stream ends after the event that carries a finish_reason.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateMany(self, request_iterator, context):
+        """Stage 0 only: Generate for many sequences on one stream, as a gateway sends them. Each
+        admission is named by a sequence number of the stream's own; the replica answers with the
+        events of every sequence that came since its last message (a decode step's tokens in one
+        message, not one a sequence), or with the refusal of an admission. A cancel item ends one
+        sequence; the stream ending (or its call cancelled) ends all of them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -109,6 +125,11 @@ def add_StageWorkerServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=shardline_dot_v1_dot_stage__pb2.AdmitRequest.FromString,
                     response_serializer=shardline_dot_v1_dot_stage__pb2.TokenEvent.SerializeToString,
+            ),
+            'GenerateMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateMany,
+                    request_deserializer=shardline_dot_v1_dot_stage__pb2.GenerateManyRequest.FromString,
+                    response_serializer=shardline_dot_v1_dot_stage__pb2.GenerateManyResponse.SerializeToString,
             ),
             'Forward': grpc.unary_unary_rpc_method_handler(
                     servicer.Forward,
@@ -158,6 +179,33 @@ class StageWorker:
             '/shardline.v1.StageWorker/Generate',
             shardline_dot_v1_dot_stage__pb2.AdmitRequest.SerializeToString,
             shardline_dot_v1_dot_stage__pb2.TokenEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/shardline.v1.StageWorker/GenerateMany',
+            shardline_dot_v1_dot_stage__pb2.GenerateManyRequest.SerializeToString,
+            shardline_dot_v1_dot_stage__pb2.GenerateManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -159,3 +159,90 @@ def test_replicas_register_in_redis(cluster):
     assert sorted((r.stage, r.address) for r in replicas) == [(0, cluster.stage_addresses[0][0]),
                                                               (1, cluster.stage_addresses[1][0])]
     assert all(r.tp == 2 and r.num_total_blocks == 64 for r in replicas)
+
+
+class ManyStream:
+    """One GenerateMany call, driven from the test: send() items, next_message() the replies."""
+
+    def __init__(self, cluster) -> None:
+        import queue
+
+        self.route = [cluster.stage_addresses[1][0]]
+        self.requests: queue.Queue = queue.Queue()
+        self.call = stub(cluster.stage_addresses[0][0]).GenerateMany(iter(self.requests.get, None), timeout=120)
+        self.replies = iter(self.call)
+
+    def admit(self, *admissions: tuple[int, str, list[int], SamplingParams]) -> None:
+        self.requests.put(stage_pb2.GenerateManyRequest(items=[
+            stage_pb2.AdmitItem(sequence=seq, admit=stage_pb2.AdmitRequest(
+                request_id=rid, prompt_token_ids=prompt, sampling=sampling_to_proto(sampling), route=self.route))
+            for seq, rid, prompt, sampling in admissions]))
+
+    def cancel(self, sequence: int) -> None:
+        self.requests.put(stage_pb2.GenerateManyRequest(items=[stage_pb2.AdmitItem(sequence=sequence, cancel=True)]))
+
+    def until_done(self, sequences: set[int], seen=()) -> tuple[dict[int, list], int]:
+        """Items by sequence (`seen`: those already read) until each of `sequences` ended (finish
+        or refusal); and the messages it took."""
+        got: dict[int, list] = {s: [] for s in sequences}
+        for item in seen:
+            got[item.sequence].append(item)
+        open_, messages = set(sequences), 0
+        while open_:
+            message = next(self.replies)
+            messages += 1
+            for item in message.items:
+                got.setdefault(item.sequence, []).append(item)
+                if item.code or item.event.finish_reason:
+                    open_.discard(item.sequence)
+        return got, messages
+
+    def close(self) -> None:
+        self.requests.put(None)
+
+
+def tokens_of(items) -> list[int]:
+    events = [i.event for i in items]
+    assert [e.index for e in events] == list(range(len(events))), "no gap or duplicate within a sequence"
+    assert events[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH, events[-1]
+    return [e.token_id for e in events if e.HasField("token_id")]
+
+
+def test_generate_many_streams_each_sequence_as_its_own_generate_does(cluster):
+    """The gateway's one stream to a stage 0: 24 sequences interleaved in it get the tokens their
+    own Generate streams get, a decode step's tokens sharing messages; refusals are per item."""
+    sampling = SamplingParams(max_tokens=10, temperature=0.8, seed=7, ignore_eos=True)
+    prompts = [PROMPTS[i % len(PROMPTS)] + [i + 5] for i in range(24)]
+    alone = [generate(cluster, f"alone{i}", p, sampling) for i, p in enumerate(prompts[:6])]
+    many = ManyStream(cluster)
+    many.admit(*[(100 + i, f"many{i}", p, sampling) for i, p in enumerate(prompts[:12])])
+    many.admit((7, "empty", [], sampling),
+               (8, "too-long", PROMPTS[0], SamplingParams(max_tokens=100_000)),
+               *[(100 + i, f"many{i}", p, sampling) for i, p in enumerate(prompts[12:], start=12)])
+    got, messages = many.until_done({7, 8, *range(100, 124)})
+    assert got[7][0].code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and "prompt_token_ids is empty" in got[7][0].message
+    assert got[8][0].code == grpc.StatusCode.OUT_OF_RANGE.value[0] and "exceeds the context" in got[8][0].message
+    tokens = [tokens_of(got[100 + i]) for i in range(24)]
+    assert tokens[:6] == alone, "a sequence on the shared stream gets what its own stream got"
+    again = [generate(cluster, f"again{i}", p, sampling) for i, p in enumerate(prompts[6:], start=6)]
+    assert tokens[6:] == again
+    assert messages < sum(len(v) for v in got.values()) / 3, f"{messages} messages: a step's tokens should share them"
+    many.close()
+    wait_all_free(cluster)
+
+
+def test_generate_many_cancels_one_sequence_or_all(cluster):
+    long = SamplingParams(max_tokens=200, ignore_eos=True)
+    many = ManyStream(cluster)
+    many.admit((1, "keep", PROMPTS[0], SamplingParams(max_tokens=12, ignore_eos=True)), (2, "drop", PROMPTS[1], long))
+    first = next(many.replies)
+    assert first.items
+    many.cancel(2)
+    got, _ = many.until_done({1, 2}, seen=first.items)
+    assert got[2][-1].event.finish_reason == common_pb2.FINISH_REASON_CANCELLED
+    assert len(tokens_of(got[1])) == 12, "the other sequence on the stream goes on"
+    # A sequence left running when the client goes away is cancelled along its route.
+    many.admit((3, "left", PROMPTS[2], long))
+    next(many.replies)
+    many.call.cancel()
+    wait_all_free(cluster)

@@ -16,6 +16,7 @@ import uuid
 
 import grpc
 
+from benchmarks.gateway_capacity import generate_many_over
 from shardline.gateway.config import AdmissionConfig, GatewayConfig
 from shardline.gateway.server import start as start_gateway
 from shardline.registry import Registry, ReplicaInfo
@@ -48,6 +49,8 @@ class FakeStageWorker(stage_pb2_grpc.StageWorkerServicer):
         self.fail_after: int | None = None  # abort UNAVAILABLE after this many tokens (once)
         self.stall_after: int | None = None  # stop sending after this many tokens (once)
         self.resend = 0  # on a resume, send this many already-generated tokens again
+        self.many_calls = 0  # GenerateMany streams opened to this replica
+        self.many_messages: list[int] = []  # items in each message those streams carried in
         self.server: grpc.aio.Server | None = None
         self.address = ""
 
@@ -90,6 +93,17 @@ class FakeStageWorker(stage_pb2_grpc.StageWorkerServicer):
         except asyncio.CancelledError:
             self.cancelled.append(request.request_id)
             raise
+
+    async def GenerateMany(self, request_iterator, context):  # an async generator, as gRPC's aio server wants
+        self.many_calls += 1
+
+        async def counted():
+            async for message in request_iterator:
+                self.many_messages.append(len(message.items))
+                yield message
+
+        async for message in generate_many_over(self.Generate, counted(), context):
+            yield message
 
     async def GetStatus(self, request, context):
         return stage_pb2.StageStatus(address=self.address)

@@ -181,6 +181,51 @@ def test_route_choice_spreads_load_over_stage0_replicas(bench, model_name):
         "concurrent requests must spread over stage-0 replicas, not pile onto one between heartbeats"
 
 
+def generate_concurrently(port: int, prompts: list[list[int]], **params) -> list[list[int]]:
+    """Each prompt from its own client thread, all at once; the token ids of each."""
+    results: list = [None] * len(prompts)
+
+    def one(i: int) -> None:
+        with Client(f"127.0.0.1:{port}", timeout=30) as client:
+            results[i] = client.generate(prompts[i], **params).token_ids
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_requests_on_one_stage0_share_one_stream_and_its_messages(bench, model_name):
+    """The gateway keeps one GenerateMany stream a stage-0 replica: 24 concurrent requests ride it,
+    admissions handed in together go in one message, each request gets its own tokens."""
+    (stage0,), _ = bench.route(model_name, token_delay_s=0.01)
+    gw = bench.start_gateway(model_names=(model_name,))
+    prompts = [[7, i % 50 + 3, 9] for i in range(24)]
+    results = generate_concurrently(gw.port, prompts, max_tokens=12, ignore_eos=True)
+    assert results == [[stage0.token_at(p, j) for j in range(12)] for p in prompts]
+    assert stage0.many_calls == 1, "one stream to the replica, shared"
+    assert sum(stage0.many_messages) == 24 and len(stage0.many_messages) < 24, \
+        f"admissions that come together share messages: {stage0.many_messages}"
+
+
+def test_a_broken_stage0_stream_fails_over_every_sequence_on_it(bench, model_name):
+    """Stage 0 aborts the stream after 5 tokens of one request: the 6 requests on it all resume
+    (on a new stream, to whichever replica the route choice picks), with no gap and no duplicate."""
+    a = bench.add_replica(model_name, 0, token_delay_s=0.01)
+    b = bench.add_replica(model_name, 0, num_running=50)  # busier: a takes them all first
+    bench.add_replica(model_name, 1)
+    a.fail_after = 5
+    gw = bench.start_gateway(model_names=(model_name,))
+    prompts = [[4, i + 5, 6] for i in range(6)]
+    results = generate_concurrently(gw.port, prompts, max_tokens=30, ignore_eos=True)
+    assert results == [[a.token_at(p, j) for j in range(30)] for p in prompts]
+    resumes = [r for r in a.admitted + b.admitted if r.generated_token_ids]
+    assert len(resumes) == 6 and all(len(r.generated_token_ids) == 5 for r in resumes), \
+        "each sequence on the broken stream resumes once, from the 5 tokens it had"
+
+
 def test_tokens_that_arrive_with_the_failure_reach_the_client(bench, model_name):
     """Stage 0 sends 40 ids back to back, then fails: the gateway handles what has arrived in
     batches, so the last ids and the failure come in one batch. They must reach the client
