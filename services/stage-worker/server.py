@@ -135,7 +135,7 @@ class StageWorkerServicer(stage_pb2_grpc.StageWorkerServicer):
                     items.append(out.get_nowait())
                 except queue.Empty:
                     break
-            ended = items[-1] is None  # the client closed its side: end what it left running
+            ended = any(i is None for i in items)  # the client closed its side: end what it left running
             items = [i for i in items if i is not None]
             if items:
                 with lock:
