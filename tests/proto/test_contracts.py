@@ -51,7 +51,7 @@ def test_services_expose_the_documented_methods():
     methods = {s.name: [m.name for m in s.methods] for f in (stage_pb2, gateway_pb2, tokenizer_pb2)
                for s in f.DESCRIPTOR.services_by_name.values()}
     assert methods == {
-        "StageWorker": ["Generate", "Forward", "ReturnTokens", "Free", "GetStatus"],
+        "StageWorker": ["Generate", "GenerateMany", "Forward", "ReturnTokens", "Free", "GetStatus"],
         "Gateway": ["Generate", "GenerateStream", "Cancel", "GetRequest", "ListModels"],
         "Tokenizer": ["Encode", "ApplyChatTemplate", "Decode", "DetokenizeStream", "DetokenizeMany", "GetInfo"],
     }
