@@ -276,3 +276,19 @@ def test_dram_timeline_report_charges_each_kernel_from_the_previous_end(capsys):
     # lost: attention's two idle stretches (10 µs each) and the second qkv's idle half (10 µs)
     assert "below the steady rate: 30.0 us of the step; at that rate throughout, 120.0 us" in out
     assert "layer 0: its samples" in out and out.rstrip().splitlines()[-1].endswith("down")
+
+
+def test_stage0_streams_bench_reads_every_token_both_ways(tmp_path):
+    """benchmarks/stage0_streams.py on the real stage servicer (a paced fake worker under it):
+    each form delivers every token of every sequence, and the figures it compares are there."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "streams.json"
+    r = subprocess.run([sys.executable, "-m", "benchmarks.stage0_streams", "--streams", "4", "--step-ms", "2",
+                        "--new", "8", "--rounds", "1", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(out.read_text())["rounds"]
+    assert [row["mode"] for row in rows] == ["generate", "many"]
+    # (CPU time comes in 10 ms clock ticks: at 32 tokens it may read 0)
+    assert all(row["tokens"] == 32 and row["server_cpu_us_per_token"] >= 0 and row["tok_s"] > 0 for row in rows)
