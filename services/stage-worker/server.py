@@ -136,11 +136,13 @@ class StageWorkerServicer(stage_pb2_grpc.StageWorkerServicer):
                 except queue.Empty:
                     break
             ended = any(i is None for i in items)  # the client closed its side: end what it left running
-            items = [i for i in items if i is not None]
+            # The events' protos are built here, not in the engine's loop thread, which put them.
+            items = [i if isinstance(i, stage_pb2.TokenItem) else
+                     stage_pb2.TokenItem(sequence=i[0], event=i[1].to_proto()) for i in items if i is not None]
             if items:
-                with lock:
+                with lock:  # (a refused admission never entered open_, or left it in _admit_item)
                     for item in items:
-                        if item.code or item.event.finish_reason:
+                        if item.event.finish_reason:
                             open_.pop(item.sequence, None)
                 yield stage_pb2.GenerateManyResponse(items=items)
             if ended:
@@ -159,6 +161,12 @@ class StageWorkerServicer(stage_pb2_grpc.StageWorkerServicer):
         try:
             sampling = sampling_from_proto(request.sampling)
             with lock:  # before its first event can come
+                if item.sequence in open_:
+                    out.put(stage_pb2.TokenItem(
+                        sequence=item.sequence, code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                        message=f"sequence {item.sequence} is already running on this stream; number each "
+                                f"admission anew"))
+                    return
                 open_[item.sequence] = admission
             self.worker.admit(request.request_id, list(request.prompt_token_ids), sampling, list(request.route),
                               list(request.generated_token_ids), events=admission)
@@ -200,13 +208,14 @@ class StageWorkerServicer(stage_pb2_grpc.StageWorkerServicer):
 
 class _Admission:
     """One admission of a GenerateMany stream: the worker's events queue for it, tagging each event
-    with the admission's sequence number on the way into the stream's one outgoing queue."""
+    with the admission's sequence number on the way into the stream's one outgoing queue (the
+    sender builds the proto)."""
 
     def __init__(self, out: queue.Queue, sequence: int, request_id: str) -> None:
         self.out, self.sequence, self.request_id = out, sequence, request_id
 
     def put(self, event: TokenEvent) -> None:
-        self.out.put(stage_pb2.TokenItem(sequence=self.sequence, event=event.to_proto()))
+        self.out.put((self.sequence, event))
 
 
 def replica_info(worker: StageWorker) -> ReplicaInfo:

@@ -234,13 +234,20 @@ def test_generate_many_streams_each_sequence_as_its_own_generate_does(cluster):
 def test_generate_many_cancels_one_sequence_or_all(cluster):
     long = SamplingParams(max_tokens=200, ignore_eos=True)
     many = ManyStream(cluster)
-    many.admit((1, "keep", PROMPTS[0], SamplingParams(max_tokens=12, ignore_eos=True)), (2, "drop", PROMPTS[1], long))
+    many.admit((1, "keep", PROMPTS[0], SamplingParams(max_tokens=40, ignore_eos=True)), (2, "drop", PROMPTS[1], long))
     first = next(many.replies)
     assert first.items
     many.cancel(2)
+    many.admit((1, "reused-number", PROMPTS[3], long))  # sequence 1 is still running
     got, _ = many.until_done({1, 2}, seen=first.items)
+    if not any(i.event.finish_reason for i in got[1]):  # it stopped at the refusal: read on to the end
+        got[1] += many.until_done({1})[0][1]
     assert got[2][-1].event.finish_reason == common_pb2.FINISH_REASON_CANCELLED
-    assert len(tokens_of(got[1])) == 12, "the other sequence on the stream goes on"
+    refused = [i for i in got[1] if i.code]
+    assert len(refused) == 1 and refused[0].code == grpc.StatusCode.INVALID_ARGUMENT.value[0] \
+        and "already running on this stream" in refused[0].message
+    assert len(tokens_of([i for i in got[1] if not i.code])) == 40, \
+        "the other sequence goes on, and so does the one whose number was reused"
     # A sequence left running when the client goes away is cancelled along its route.
     many.admit((3, "left", PROMPTS[2], long))
     next(many.replies)
