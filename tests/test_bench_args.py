@@ -151,6 +151,14 @@ def test_step_power_names_a_bad_batch_before_the_gpu():
     assert out.returncode == 2 and "--batch 0" in out.stderr, out.stderr[-500:]
 
 
+def test_replay_spacing_names_a_bad_batch_before_the_gpu():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "benchmarks.replay_spacing", "--batch", "0"], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert out.returncode == 2 and "--batch 0" in out.stderr, out.stderr[-500:]
+
+
 def test_profile_decode_names_a_bad_attention_config_before_the_gpu():
     """Not JSON, or keys the decode kernel does not take: exit 2 naming the option (one parser,
     decode_bench.parse_attention_config, serves step_tune's option too)."""
