@@ -16,11 +16,12 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from shardline.client.types import ModelInfo  # what ListModels reports, as the SDK reads it
 from shardline.manifest import Manifest
 from shardline.registry import Registry, ReplicaInfo
 
@@ -37,16 +38,6 @@ from .tokenizer_client import TokenizerClient
 from .validation import GenerateInput, check_fields, check_request_id, check_token_ids, fit_context, resolve_sampling
 
 log = logging.getLogger("shardline.gateway")
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    name: str
-    architecture: str
-    max_model_len: int
-    num_stages: int
-    tp_size: int
-    num_routes: int
 
 
 def new_request_id() -> str:
