@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The GPU tests, on a CUDA machine whose Python already has torch with CUDA (no set-up here: GPU
+# machines are often offline). First the kernel and GEMM-tuning tests, spread over worker
+# processes that share the GPU (pytest-xdist): each test is small, and most of its time is Triton
+# compiling on the CPU. Then the engine and end-to-end tests one at a time, since they size their
+# KV caches from the GPU's free memory and start stage-worker processes.
+#   bash scripts/gpu-tests.sh            # all of them
+#   GPU_TEST_WORKERS=4 bash scripts/gpu-tests.sh
+# With arguments, only `pytest -m gpu` with them (one process).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "gpu-tests.sh: $PY sees no CUDA device; the GPU tests need one (on CPU, run scripts/test.sh)" >&2
+  exit 2
+fi
+if [ $# -gt 0 ]; then
+  exec "$PY" -m pytest -q -rs -m gpu -p no:cacheprovider "$@"
+fi
+# What the first run spreads over processes; the second runs everything else.
+SPREAD_TESTS=(tests/kernels tests/test_linear_epilogues.py tests/test_gemm_tuning.py tests/test_step_tuning.py)
+cores=$(nproc)
+workers=${GPU_TEST_WORKERS:-$(( cores < 8 ? cores : 8 ))}
+spread=()
+if "$PY" -c "import xdist" 2>/dev/null; then
+  spread=(-n "$workers")
+else
+  echo "gpu-tests.sh: pytest-xdist is not installed, so the kernel tests run in one process (~11 minutes on an H200)"
+fi
+"$PY" -m pytest -q -rs -m gpu -p no:cacheprovider "${spread[@]}" "${SPREAD_TESTS[@]}"
+"$PY" -m pytest -q -rs -m gpu -p no:cacheprovider tests "${SPREAD_TESTS[@]/#/--ignore=}"
