@@ -50,7 +50,8 @@ class _OneSequenceOfMany:
 async def generate_many_over(generate, request_iterator, context):
     """A fake stage 0's GenerateMany built on its per-request Generate (an async generator of
     TokenEvents): each admission runs as a task, a cancel item cancels it, and whatever events
-    are ready go out in one message."""
+    are ready go out in one message. When the client closes its side, the stream ends and what it
+    left running is cancelled, as on the real stage 0."""
     out: asyncio.Queue = asyncio.Queue()
     tasks: dict[int, asyncio.Task] = {}
 
@@ -70,6 +71,7 @@ async def generate_many_over(generate, request_iterator, context):
                         task.cancel()
                 else:
                     tasks[item.sequence] = asyncio.create_task(run(item))
+        out.put_nowait(None)
 
     reader = asyncio.create_task(read())
     try:
@@ -77,12 +79,15 @@ async def generate_many_over(generate, request_iterator, context):
             items = [await out.get()]
             while not out.empty():
                 items.append(out.get_nowait())
+            ended = any(i is None for i in items)
             abort = next((i for i in items if isinstance(i, StreamAbort)), None)
-            items = [i for i in items if not isinstance(i, StreamAbort)]
+            items = [i for i in items if isinstance(i, stage_pb2.TokenItem)]
             if items:
                 yield stage_pb2.GenerateManyResponse(items=items)
             if abort is not None:
                 await context.abort(abort.code, abort.details)
+            if ended:
+                return
     finally:
         reader.cancel()
         for task in tasks.values():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import redis
 
@@ -40,6 +40,13 @@ class ReplicaInfo:
     @property
     def key(self) -> str:
         return f"{KEY_PREFIX}:{self.model}:{self.stage}:{self.replica_id}"
+
+    @classmethod
+    def from_json(cls, text: str) -> "ReplicaInfo":
+        """A registry entry; keys this version does not know are left out, so that a replica of a
+        later version that reports more (mid-rollout) is still routed to."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in json.loads(text).items() if k in known})
 
 
 class Registry:
@@ -68,7 +75,7 @@ class Registry:
         keys = sorted(self.redis.scan_iter(match=pattern, count=500))
         if not keys:
             return []
-        return [ReplicaInfo(**json.loads(v)) for v in self.redis.mget(keys) if v is not None]
+        return [ReplicaInfo.from_json(v) for v in self.redis.mget(keys) if v is not None]
 
     def models(self) -> dict[str, int]:
         """Model name -> number of pipeline stages, over live replicas."""

@@ -4,7 +4,10 @@ shares to admit its sequence and receive its tokens, and a liveness probe.
 One stream a replica, not a Generate stream a request: stage 0 then sends a decode step's tokens
 for all of a gateway's sequences in one message from one thread, where a stream a request woke a
 server thread a token, each taking the GIL from the loop that schedules the next step
-(docs/benchmarks.md, session s).
+(docs/benchmarks.md, session s). Before its first stream to a replica the mux asks whether the
+replica has GenerateMany at all (an empty stream, closed at once: UNIMPLEMENTED from a replica of
+an older version, since a rolling upgrade replaces gateways and stage workers in no set order);
+where it has not, each sequence goes on a Generate stream of its own, as before.
 """
 
 from __future__ import annotations
@@ -35,10 +38,11 @@ class AdmittedSequence:
     the AioRpcError that Generate would have), cancel() it to cancel the sequence along its route
     (the iteration then raises CancelledError)."""
 
-    def __init__(self, mux: "GenerateMux", sequence: int) -> None:
-        self._mux, self.sequence = mux, sequence
+    def __init__(self, mux: "GenerateMux", sequence: int, admit: stage_pb2.AdmitRequest) -> None:
+        self._mux, self.sequence, self.admit = mux, sequence, admit
         self._events: asyncio.Queue = asyncio.Queue()
         self._done = False
+        self._relay: asyncio.Task | None = None  # its Generate stream, where the replica has no GenerateMany
 
     def done(self) -> bool:
         return self._done
@@ -46,7 +50,10 @@ class AdmittedSequence:
     def cancel(self) -> None:
         if not self._done:
             self._done = True
-            self._mux.cancel(self.sequence)
+            if self._relay is not None:
+                self._relay.cancel()  # cancels its Generate call
+            else:
+                self._mux.cancel(self.sequence)
             self._events.put_nowait(asyncio.CancelledError())
 
     def __aiter__(self) -> "AdmittedSequence":
@@ -83,10 +90,17 @@ class GenerateMux:
         self._last_sequence = 0
         self._items: Gatherer[stage_pb2.AdmitItem] = Gatherer(self._send, f"generate-{address}")
         self.num_messages = self.num_items = 0  # written, over the mux's life
+        self.per_sequence = False  # the replica has no GenerateMany: a Generate stream a sequence
+        self._probed = False  # per_sequence is known (asked again after a stream that carried nothing)
+        self._received = False  # the current stream has carried a message
 
-    def generate(self, admit: stage_pb2.AdmitRequest) -> AdmittedSequence:
+    def generate(self, admit: stage_pb2.AdmitRequest):
+        """The sequence's TokenEvents: an AdmittedSequence on the shared stream, or the replica's
+        own Generate call where it has no GenerateMany (the same interface)."""
+        if self.per_sequence:
+            return self._stub.Generate(admit)
         self._last_sequence += 1
-        sequence = AdmittedSequence(self, self._last_sequence)
+        sequence = AdmittedSequence(self, self._last_sequence, admit)
         self._open[sequence.sequence] = sequence
         self._items.put(stage_pb2.AdmitItem(sequence=sequence.sequence, admit=admit))
         return sequence
@@ -114,8 +128,17 @@ class GenerateMux:
         settle(batch)
         if not items:
             return
+        if self._call is None and not self._probed:
+            self.per_sequence, self._probed = await self._lacks_generate_many(), True
+        if self.per_sequence:
+            for item in items:
+                if item.sequence in self._open:
+                    sequence = self._open.pop(item.sequence)
+                    sequence._relay = asyncio.create_task(self._relay(sequence),
+                                                          name=f"generate-{sequence.admit.request_id}")
+            return
         if self._call is None:
-            self._call = self._stub.GenerateMany()
+            self._call, self._received = self._stub.GenerateMany(), False
             self._reader = asyncio.create_task(self._read(self._call), name=f"generate-reader-{self.address}")
         call = self._call
         self.num_messages, self.num_items = self.num_messages + 1, self.num_items + len(items)
@@ -129,6 +152,7 @@ class GenerateMux:
     async def _read(self, call) -> None:
         try:
             async for message in call:
+                self._received = True
                 for item in message.items:
                     sequence = self._open.get(item.sequence)
                     if sequence is None:
@@ -154,6 +178,8 @@ class GenerateMux:
         call, self._call = self._call, None
         reader, self._reader = self._reader, None
         failed, self._open = self._open, {}
+        if not self._received:  # nothing came: ask again before the next stream (a rollback may have come)
+            self._probed = False
         if failed:
             log.warning("stream to stage 0 at %s ended (%s: %s); %d sequences on it fail over", self.address,
                         error.code().name, error.details(), len(failed))
@@ -163,6 +189,39 @@ class GenerateMux:
             call.cancel()
         if reader is not None and reader is not asyncio.current_task():
             reader.cancel()
+
+
+    async def _lacks_generate_many(self, timeout_s: float = 5.0) -> bool:
+        """Whether the replica answers GenerateMany UNIMPLEMENTED: asked with a stream that admits
+        nothing and is closed at once, which a replica that has it ends OK. Any other answer (the
+        replica down, or slow) counts as having it: the stream then fails, and its sequences fail over."""
+        call = self._stub.GenerateMany()
+        try:
+            await call.done_writing()
+            code = await asyncio.wait_for(call.code(), timeout_s)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError):
+            call.cancel()
+            return False
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            log.warning("stage 0 at %s has no GenerateMany (an older version): its sequences go on a "
+                        "Generate stream each", self.address)
+            return True
+        return False
+
+    async def _relay(self, sequence: AdmittedSequence) -> None:
+        """A sequence moved to a Generate stream of its own: its events, or the error that ends it."""
+        call = self._stub.Generate(sequence.admit)
+        try:
+            async for event in call:
+                sequence._deliver(event)
+                if event.finish_reason:
+                    return
+            sequence._deliver(grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, details=(
+                f"stage 0 at {self.address} ended the Generate stream before its finish")))
+        except grpc.aio.AioRpcError as e:
+            sequence._deliver(e)
+        except asyncio.CancelledError:
+            call.cancel()
 
 
 class StageChannels:

@@ -253,3 +253,11 @@ def test_generate_many_cancels_one_sequence_or_all(cluster):
     next(many.replies)
     many.call.cancel()
     wait_all_free(cluster)
+
+
+def test_generate_many_closed_with_nothing_admitted_ends_ok(cluster):
+    """The gateway asks a replica whether it has GenerateMany with a stream it closes at once
+    (stage_client.GenerateMux): this stage 0 must end it OK, and promptly; one of an older version
+    answers UNIMPLEMENTED."""
+    call = stub(cluster.stage_addresses[0][0]).GenerateMany(iter([]), timeout=10)
+    assert list(call) == [] and call.code() == grpc.StatusCode.OK

@@ -49,8 +49,10 @@ class FakeStageWorker(stage_pb2_grpc.StageWorkerServicer):
         self.fail_after: int | None = None  # abort UNAVAILABLE after this many tokens (once)
         self.stall_after: int | None = None  # stop sending after this many tokens (once)
         self.resend = 0  # on a resume, send this many already-generated tokens again
-        self.many_calls = 0  # GenerateMany streams opened to this replica
+        self.many_calls = 0  # GenerateMany streams that admitted something on this replica
+        self.many_probes = 0  # GenerateMany streams closed before any message (the gateway's question)
         self.many_messages: list[int] = []  # items in each message those streams carried in
+        self.older_version = False  # a replica from before GenerateMany: UNIMPLEMENTED, as gRPC answers it
         self.server: grpc.aio.Server | None = None
         self.address = ""
 
@@ -95,12 +97,20 @@ class FakeStageWorker(stage_pb2_grpc.StageWorkerServicer):
             raise
 
     async def GenerateMany(self, request_iterator, context):  # an async generator, as gRPC's aio server wants
-        self.many_calls += 1
+        if self.older_version:
+            self.many_probes += 1
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        carried = False
 
         async def counted():
+            nonlocal carried
             async for message in request_iterator:
+                if not carried:
+                    carried, self.many_calls = True, self.many_calls + 1
                 self.many_messages.append(len(message.items))
                 yield message
+            if not carried:
+                self.many_probes += 1
 
         async for message in generate_many_over(self.Generate, counted(), context):
             yield message

@@ -205,9 +205,32 @@ def test_requests_on_one_stage0_share_one_stream_and_its_messages(bench, model_n
     prompts = [[7, i % 50 + 3, 9] for i in range(24)]
     results = generate_concurrently(gw.port, prompts, max_tokens=12, ignore_eos=True)
     assert results == [[stage0.token_at(p, j) for j in range(12)] for p in prompts]
-    assert stage0.many_calls == 1, "one stream to the replica, shared"
+    assert stage0.many_calls == 1 and stage0.many_probes == 1, "one stream to the replica, shared (after one question)"
     assert sum(stage0.many_messages) == 24 and len(stage0.many_messages) < 24, \
         f"admissions that come together share messages: {stage0.many_messages}"
+
+
+def test_a_stage0_of_an_older_version_serves_on_a_generate_stream_a_sequence(bench, model_name):
+    """Mid-rollout, a stage-0 replica from before GenerateMany answers it UNIMPLEMENTED: the gateway
+    asks once, before its first stream there, and then sends each sequence on a Generate stream of
+    its own (no resume: none failed), later ones too; a cancel still reaches the replica."""
+    (stage0,), _ = bench.route(model_name, token_delay_s=0.01)
+    stage0.older_version = True
+    gw = bench.start_gateway(model_names=(model_name,))
+    prompts = [[3, i + 4, 8] for i in range(6)]
+    results = generate_concurrently(gw.port, prompts, max_tokens=10, ignore_eos=True)
+    assert results == [[stage0.token_at(p, j) for j in range(10)] for p in prompts]
+    assert len(stage0.admitted) == 6 and not any(r.generated_token_ids for r in stage0.admitted), \
+        "each sequence is admitted once by Generate, from the start"
+    with Client(f"127.0.0.1:{gw.port}", timeout=30) as client:
+        assert client.generate([5, 6], max_tokens=4, ignore_eos=True).token_ids == \
+            [stage0.token_at([5, 6], j) for j in range(4)]
+        stream = client.stream([5, 7], max_tokens=200, ignore_eos=True, request_id="old-cancel")
+        next(iter(stream))
+        assert client.cancel("old-cancel") is True
+        bench.wait_until(lambda: "old-cancel" in stage0.cancelled, what="the Generate stream closed after Cancel")
+    assert stage0.many_probes == 1 and stage0.many_calls == 0, \
+        "the gateway asks once, and does not try GenerateMany on that replica again"
 
 
 def test_a_broken_stage0_stream_fails_over_every_sequence_on_it(bench, model_name):

@@ -61,3 +61,18 @@ def test_expired_heartbeat_removes_the_replica(redis_server):
     assert RouteChooser().choose(model, registry.replicas(model)) is not None
     time.sleep(0.4)
     assert RouteChooser().choose(model, registry.replicas(model)) is None, "a dead replica must vanish after its TTL"
+
+
+def test_a_replica_of_a_later_version_reporting_more_is_still_routed_to(redis_server):
+    """Mid-rollout a newer stage worker may write keys this version does not know: the registry
+    reads the entry without them (it used to raise TypeError, and the gateway could route nowhere)."""
+    import json
+    model = f"route-{uuid.uuid4().hex[:6]}"
+    registry = Registry.from_url(redis_server, ttl_s=30)
+    for r in [replica(model, 0, "a"), replica(model, 1, "b")]:
+        registry.heartbeat(r)
+    newer = json.loads(registry.redis.get(replica(model, 0, "a").key))
+    registry.redis.set(replica(model, 0, "a").key, json.dumps({**newer, "rpcs": ["GenerateMany"], "gpu": "H200"}), px=30_000)
+    replicas = registry.replicas(model)
+    assert sorted(r.replica_id for r in replicas) == ["a", "b"]
+    assert RouteChooser().choose(model, replicas).addresses == ["a:1", "b:1"]
