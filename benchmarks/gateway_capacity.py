@@ -24,6 +24,7 @@ import sys
 import time
 
 import grpc
+import redis
 from grpc_health.v1 import health, health_pb2_grpc
 
 from shardline.launcher import ClusterConfig, LocalCluster, free_port
@@ -172,6 +173,10 @@ def measure(args) -> dict:
     config = ClusterConfig(random_shape="llama3-8b", pp=1, grpc_port=free_port(), max_model_len=4096)
     with PacedFakeStageCluster(config) as cluster:
         pids = {name: p.pid for name, p in cluster.procs if name in ("gateway", "tokenizer")}
+        redis_client = redis.Redis.from_url(cluster.redis_url)
+
+        def transactions() -> int:  # MULTI/EXEC blocks Redis has run: the records' writes
+            return redis_client.info("commandstats").get("cmdstat_exec", {}).get("calls", 0)
 
         async def rounds() -> tuple[float, int, int, dict, list[float]]:
             async with AsyncClient(cluster.gateway_address) as client:
@@ -187,15 +192,17 @@ def measure(args) -> dict:
 
                 await one(0)
                 before = {n: cpu_seconds(p) for n, p in pids.items()}
+                exec_before = transactions()
                 t, t_unix = time.perf_counter(), time.time()
                 out = await asyncio.gather(*(one(i) for i in range(args.streams)))
                 wall = time.perf_counter() - t
                 cpu = {n: cpu_seconds(p) - before[n] for n, p in pids.items()}
+                num_transactions = transactions() - exec_before
                 # When the gateway accepted each request (its record's queued_at), after the clock
                 accepted = [1e3 * ((await client.get_request(o[2])).queued_at - t_unix) for o in out]
-                return wall, sum(o[0] for o in out), sum(o[1] for o in out), cpu, sorted(accepted)
+                return wall, sum(o[0] for o in out), sum(o[1] for o in out), cpu, sorted(accepted), num_transactions
 
-        wall, tokens, chunks, cpu, accepted = asyncio.run(rounds())
+        wall, tokens, chunks, cpu, accepted, num_transactions = asyncio.run(rounds())
     ideal_s = args.new * args.step_ms / 1e3  # every stream's tokens at the fake engine's pace
     return {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores", "streams": args.streams,
@@ -206,7 +213,9 @@ def measure(args) -> dict:
             "gateway_ms_per_request": round(1e3 * cpu["gateway"] / args.streams, 2),
             # the burst's requests, all sent at once: when the gateway had accepted them
             "accepted_ms": [round(accepted[0], 1), round(accepted[len(accepted) // 2], 1), round(accepted[-1], 1)],
-            "tokenizer_us_per_token": round(1e6 * cpu["tokenizer"] / tokens, 1)}
+            "tokenizer_us_per_token": round(1e6 * cpu["tokenizer"] / tokens, 1),
+            # the records' Redis transactions a request (batched across requests while one is in flight)
+            "redis_transactions_per_request": round(num_transactions / args.streams, 2)}
 
 
 def main() -> None:
@@ -234,7 +243,8 @@ def main() -> None:
           f"{res['delivered_tok_s']} ({res['delivered_over_offered']} of the pace); "
           f"{res['tokens_per_chunk']} tokens a chunk; gateway {res['gateway_us_per_token']} us CPU a token, "
           f"tokenizer {res['tokenizer_us_per_token']}; gateway {res['gateway_ms_per_request']} ms CPU a request, "
-          f"all accepted by {res['accepted_ms'][2]} ms (median {res['accepted_ms'][1]})")
+          f"all accepted by {res['accepted_ms'][2]} ms (median {res['accepted_ms'][1]}); "
+          f"{res['redis_transactions_per_request']} Redis transactions a request")
 
 
 if __name__ == "__main__":
