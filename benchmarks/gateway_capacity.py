@@ -198,11 +198,15 @@ def measure(args) -> dict:
                 wall = time.perf_counter() - t
                 cpu = {n: cpu_seconds(p) - before[n] for n, p in pids.items()}
                 num_transactions = transactions() - exec_before
-                # When the gateway accepted each request (its record's queued_at), after the clock
-                accepted = [1e3 * ((await client.get_request(o[2])).queued_at - t_unix) for o in out]
-                return wall, sum(o[0] for o in out), sum(o[1] for o in out), cpu, sorted(accepted), num_transactions
+                # When the gateway accepted each request and had its first token (its record's
+                # queued_at and first_token_at), after the clock
+                records = [await client.get_request(o[2]) for o in out]
+                accepted = [1e3 * (r.queued_at - t_unix) for r in records]
+                first = [1e3 * (r.first_token_at - r.queued_at) for r in records]
+                return (wall, sum(o[0] for o in out), sum(o[1] for o in out), cpu, sorted(accepted), num_transactions,
+                        sorted(first))
 
-        wall, tokens, chunks, cpu, accepted, num_transactions = asyncio.run(rounds())
+        wall, tokens, chunks, cpu, accepted, num_transactions, first = asyncio.run(rounds())
     ideal_s = args.new * args.step_ms / 1e3  # every stream's tokens at the fake engine's pace
     return {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores", "streams": args.streams,
@@ -213,6 +217,8 @@ def measure(args) -> dict:
             "gateway_ms_per_request": round(1e3 * cpu["gateway"] / args.streams, 2),
             # the burst's requests, all sent at once: when the gateway had accepted them
             "accepted_ms": [round(accepted[0], 1), round(accepted[len(accepted) // 2], 1), round(accepted[-1], 1)],
+            # acceptance to the gateway's first token, each request: min, median, max
+            "first_token_ms": [round(first[0], 1), round(first[len(first) // 2], 1), round(first[-1], 1)],
             "tokenizer_us_per_token": round(1e6 * cpu["tokenizer"] / tokens, 1),
             # the records' Redis transactions a request (batched across requests while one is in flight)
             "redis_transactions_per_request": round(num_transactions / args.streams, 2)}
@@ -243,7 +249,8 @@ def main() -> None:
           f"{res['delivered_tok_s']} ({res['delivered_over_offered']} of the pace); "
           f"{res['tokens_per_chunk']} tokens a chunk; gateway {res['gateway_us_per_token']} us CPU a token, "
           f"tokenizer {res['tokenizer_us_per_token']}; gateway {res['gateway_ms_per_request']} ms CPU a request, "
-          f"all accepted by {res['accepted_ms'][2]} ms (median {res['accepted_ms'][1]}); "
+          f"all accepted by {res['accepted_ms'][2]} ms (median {res['accepted_ms'][1]}), first tokens "
+          f"{res['first_token_ms']} ms after (min, median, max); "
           f"{res['redis_transactions_per_request']} Redis transactions a request")
 
 
