@@ -227,7 +227,10 @@ class Generation:
             return
         self.route = await gw.wait_for_route(self.model, self.request_id)
         self._broken_reason = ""
-        await self._best_effort(gw.records.running(self.request_id, self.route.addresses, self.num_resumes))
+        # Not waited for: stage 0 gets the sequence a Redis round trip sooner, and the record's later
+        # writes queue behind this one.
+        gw.records.running(self.request_id, self.route.addresses, self.num_resumes).add_done_callback(
+            self._log_record_failure)
         self._call = gw.stages.generate(self.route.addresses[0], self.request_id, self.prompt_token_ids,
                                         self.sampling, self.route.downstream, list(self.generated))
         received: asyncio.Queue = asyncio.Queue()
@@ -344,6 +347,11 @@ class Generation:
             await record_write
         except RedisError as e:
             log.warning("request %s: could not update its record in Redis: %s", self.request_id, e)
+
+    def _log_record_failure(self, written: asyncio.Future) -> None:
+        """_best_effort for a write nobody waits for."""
+        if not written.cancelled() and written.exception() is not None:
+            log.warning("request %s: could not update its record in Redis: %s", self.request_id, written.exception())
 
     def _cancel_stage0(self) -> None:
         call, self._call = self._call, None

@@ -11,6 +11,7 @@ Cancel requests for a request owned by another gateway travel on the `shardline:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -112,11 +113,13 @@ class RecordStore:
 
         await self._write(add)
 
-    async def running(self, request_id: str, route: list[str], num_resumes: int) -> None:
+    def running(self, request_id: str, route: list[str], num_resumes: int) -> asyncio.Future:
+        """Queued for the next transaction now; the returned future settles once Redis has it. A
+        caller need not wait: its later writes queue behind this one, in order."""
         fields = {"state": RUNNING, "route": json.dumps(route), "num_resumes": num_resumes}
         if num_resumes == 0:
             fields["admitted_at"] = time.time()
-        await self._write(lambda p: p.hset(record_key(request_id), mapping=fields))
+        return self._writes.submit(lambda p: p.hset(record_key(request_id), mapping=fields))
 
     async def append_tokens(self, request_id: str, token_ids: list[int], num_generated: int,
                             first_token_at: float | None = None) -> None:
