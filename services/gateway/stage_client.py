@@ -190,7 +190,6 @@ class GenerateMux:
         if reader is not None and reader is not asyncio.current_task():
             reader.cancel()
 
-
     async def _lacks_generate_many(self, timeout_s: float = 5.0) -> bool:
         """Whether the replica answers GenerateMany UNIMPLEMENTED: asked with a stream that admits
         nothing and is closed at once, which a replica that has it ends OK. Any other answer (the
