@@ -33,10 +33,6 @@ from benchmarks.step_power import smi
 from shardline import step_tuning
 
 
-def back_to_back_ms(graph, replays: int) -> float:
-    return step_tuning.replay_ms(graph, replays)
-
-
 def spaced_ms(graph, replays: int, sleep_s: float) -> float:
     """The median GPU time of one replay when the GPU idles `sleep_s` (plus a host round trip)
     before each."""
@@ -72,7 +68,7 @@ def main() -> None:
     torch.cuda.synchronize()
     for rounds in range(2):
         for n in (5, 20, 100):
-            rows.append((f"replay back to back x{n} (round {rounds + 1})", back_to_back_ms(graph, n), smi()))
+            rows.append((f"replay back to back x{n} (round {rounds + 1})", step_tuning.replay_ms(graph, n), smi()))
         for sleep_s in (0.0002, 0.001):
             rows.append((f"replay alone, {sleep_s * 1e3:g} ms idle before each (round {rounds + 1})",
                          spaced_ms(graph, 20, sleep_s), smi()))

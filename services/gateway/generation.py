@@ -346,12 +346,15 @@ class Generation:
         try:
             await record_write
         except RedisError as e:
-            log.warning("request %s: could not update its record in Redis: %s", self.request_id, e)
+            self._record_write_failed(e)
 
     def _log_record_failure(self, written: asyncio.Future) -> None:
         """_best_effort for a write nobody waits for."""
         if not written.cancelled() and written.exception() is not None:
-            log.warning("request %s: could not update its record in Redis: %s", self.request_id, written.exception())
+            self._record_write_failed(written.exception())
+
+    def _record_write_failed(self, e: BaseException) -> None:
+        log.warning("request %s: could not update its record in Redis: %s", self.request_id, e)
 
     def _cancel_stage0(self) -> None:
         call, self._call = self._call, None

@@ -33,7 +33,8 @@ def sampling_to_wire(p: SamplingParams) -> common_pb2.SamplingParams:
 
 
 class AdmittedSequence:
-    """One sequence on a GenerateMany stream, as a Generate call looks: iterate it for its
+    """One sequence on a GenerateMany stream (or, where the replica has none, relayed from a
+    Generate stream of its own), as a Generate call looks: iterate it for its
     TokenEvents (it ends after the one with a finish_reason; a refusal or a broken stream raises
     the AioRpcError that Generate would have), cancel() it to cancel the sequence along its route
     (the iteration then raises CancelledError)."""
@@ -94,13 +95,12 @@ class GenerateMux:
         self._probed = False  # per_sequence is known (asked again after a stream that carried nothing)
         self._received = False  # the current stream has carried a message
 
-    def generate(self, admit: stage_pb2.AdmitRequest):
-        """The sequence's TokenEvents: an AdmittedSequence on the shared stream, or the replica's
-        own Generate call where it has no GenerateMany (the same interface)."""
-        if self.per_sequence:
-            return self._stub.Generate(admit)
+    def generate(self, admit: stage_pb2.AdmitRequest) -> AdmittedSequence:
         self._last_sequence += 1
         sequence = AdmittedSequence(self, self._last_sequence, admit)
+        if self.per_sequence:
+            self._start_relay(sequence)
+            return sequence
         self._open[sequence.sequence] = sequence
         self._items.put(stage_pb2.AdmitItem(sequence=sequence.sequence, admit=admit))
         return sequence
@@ -133,9 +133,7 @@ class GenerateMux:
         if self.per_sequence:
             for item in items:
                 if item.sequence in self._open:
-                    sequence = self._open.pop(item.sequence)
-                    sequence._relay = asyncio.create_task(self._relay(sequence),
-                                                          name=f"generate-{sequence.admit.request_id}")
+                    self._start_relay(self._open.pop(item.sequence))
             return
         if self._call is None:
             self._call, self._received = self._stub.GenerateMany(), False
@@ -206,6 +204,9 @@ class GenerateMux:
                         "Generate stream each", self.address)
             return True
         return False
+
+    def _start_relay(self, sequence: AdmittedSequence) -> None:
+        sequence._relay = asyncio.create_task(self._relay(sequence), name=f"generate-{sequence.admit.request_id}")
 
     async def _relay(self, sequence: AdmittedSequence) -> None:
         """A sequence moved to a Generate stream of its own: its events, or the error that ends it."""
