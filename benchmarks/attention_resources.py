@@ -52,7 +52,7 @@ def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False
                       HEAD_DIM_P2=max(next_pow2(hd), 16), BLOCK_SIZE=16, BLOCK_N=block_n,
                       NUM_SPLITS=1, SEQS_BLOCK=64, DOT_PRECISION="tf32", ROTARY=rotary, HALF=rot // 2 if rotary else 1,
                       ROT=rot if rotary else 2, ONE_ROW=True,
-                      EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, USE_PDL=True)
+                      EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, LATE=False, USE_PDL=True)
     sig |= {k: "constexpr" for k in constexprs}
     aligned = [n for n in order if sig[n].startswith("*") or n.startswith("stride")]
     src = ASTSource(fn=fn, signature={n: sig[n] for n in order},

@@ -205,7 +205,7 @@ def ring_fits(x: torch.Tensor, w: torch.Tensor) -> str | None:
 # memory: one program a multiprocessor), all of them requested before the PDL wait (EARLY, by
 # default STAGES).
 RING_DEFAULT_CONFIG = dict(BLOCK_N=128, BLOCK_K=128, STAGES=3, SPLIT_K=1)
-RING_KEYS = ("BLOCK_N", "BLOCK_K", "STAGES", "SPLIT_K", "EARLY", "SUB", "WAVES", "MAXNREG")
+RING_KEYS = ("BLOCK_N", "BLOCK_K", "STAGES", "SPLIT_K", "EARLY", "SUB", "WAVES", "MAXNREG", "LATE")
 RING_SMEM_BYTES = 227 * 1024  # a Hopper block's shared memory at most (the barriers take a few bytes)
 
 
@@ -217,6 +217,9 @@ def ring_config(config: dict | None) -> dict:
     in runs of SUB rows, as evenly as whole runs allow, so that every program streams the same
     bytes whatever N is (the tiled form leaves a partial last wave: 224 programs of gate/up are
     1.7 waves on 132 multiprocessors); BLOCK_N then follows from N (ring_plan), and K is not split.
+
+    LATE: the kernel after this one may launch once every program has finished its loop, instead of
+    right after its PDL wait (triton_pdl.pdl_wait; the split-K kernel takes the same key).
 
     MAXNREG caps the registers a thread at launch (0: no cap). Uncapped the ring launches at 255 for
     its 256 threads, the whole register file, so no other program fits beside it; 128 leaves half,

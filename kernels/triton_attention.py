@@ -24,7 +24,7 @@ import triton.language as tl
 
 from . import _dispatch
 from ._dispatch import next_pow2, pdl_args, sm_count
-from .triton_pdl import pdl_wait
+from .triton_pdl import pdl_trigger_late, pdl_wait
 from .triton_rotary import load_rotated
 
 _LOG2E = 1.4426950408889634
@@ -147,7 +147,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, SEQS_BLOCK: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
-                   EARLY_KV: tl.constexpr, OPAQUE_BT: tl.constexpr, USE_PDL: tl.constexpr):
+                   EARLY_KV: tl.constexpr, OPAQUE_BT: tl.constexpr, LATE: tl.constexpr, USE_PDL: tl.constexpr):
     """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
     sequence). The kernel rotates q and the row's new key, writes the new key and value to the
     row's cache slot (skipped when the slot is < 0) and attends over the new token from registers:
@@ -194,7 +194,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
         mask0 = offs0 < hi_cached
         k0, v0 = _load_kv_tiles(k_cache_ptr, v_cache_ptr, bt_row, offs0, mask0, d, dmask, kvh, stride_k_blk,
                                 stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
-    pdl_wait(USE_PDL)
+    pdl_wait(USE_PDL, LATE)
     if ROTARY:
         q = load_rotated(q_rows, d[None, :], q_mask, cs_row, HALF, ROT)  # (G, D)
     else:
@@ -214,6 +214,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
         k, v = _load_kv_tiles(k_cache_ptr, v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh, stride_k_blk,
                               stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE, OPAQUE_BT)
         acc, l_i, m_i = _online_softmax_step(q, k, v, mask_n[None, :], acc, l_i, m_i, scale_log2, DOT_PRECISION)
+    pdl_trigger_late(USE_PDL, LATE)
     if ROTARY:
         if (kv_len > 0) & (kv_len - 1 >= lo) & (kv_len - 1 < hi):  # this split holds the new token
             cdt = k_cache_ptr.dtype.element_ty
@@ -430,6 +431,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         # Early K/V reads are safe only where an earlier step wrote every cached key: a fused decode step.
         early_kv = cfg.pop("EARLY_KV", False) and one_row and rotary is not None
         opaque_bt = cfg.pop("OPAQUE_BT", False) and not _dispatch.TRITON_INTERPRET  # the interpreter runs no PTX
+        late = bool(cfg.pop("LATE", False))
         hd_p2 = common["HEAD_DIM_P2"]
         if splits > 1:
             part_out = torch.empty((T, nh, splits, hd_p2), dtype=torch.float32, device=q.device)
@@ -448,7 +450,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
             scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
-            NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, **cfg, **common, **pdl_args(q))
+            NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, LATE=late, **cfg, **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,

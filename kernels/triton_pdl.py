@@ -13,10 +13,21 @@ import triton.language as tl
 
 
 @triton.jit
-def pdl_wait(USE_PDL: tl.constexpr):
+def pdl_wait(USE_PDL: tl.constexpr, LATE: tl.constexpr = False):
+    """Wait for the kernel ahead, then let the kernel after this one launch, unless LATE: then
+    `pdl_trigger_late` does where this kernel's main loop ends (a config key of the kernels that
+    have one; which is faster depends on the pair, see the module docstring)."""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if not LATE:
+            tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_trigger_late(USE_PDL: tl.constexpr, LATE: tl.constexpr):
+    if USE_PDL:
+        if LATE:
+            tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit

@@ -34,7 +34,7 @@ import triton.language as tl
 from ._dispatch import pdl_args
 from .activation import gelu_tanh, silu_and_mul
 from .triton_activation import gelu_tanh_f32
-from .triton_pdl import pdl_wait, prefetch_l2
+from .triton_pdl import pdl_trigger_late, pdl_wait, prefetch_l2
 
 
 @triton.jit
@@ -84,7 +84,7 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, GLU: tl.constexpr,
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, AHEAD: tl.constexpr, LINE: tl.constexpr,
+                        BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, AHEAD: tl.constexpr, LATE: tl.constexpr, LINE: tl.constexpr,
                         TMA: tl.constexpr, ROW_NORM: tl.constexpr, PARTS_P2: tl.constexpr,
                         RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr, GELU: tl.constexpr, USE_PDL: tl.constexpr):
     """GLU: w is the fused [gate; up] projection [2N, K]; the program's tile is BLOCK_N gate rows
@@ -117,7 +117,7 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
     if USE_PDL:  # the weights depend on no earlier kernel: the first PREFETCH tiles head for L2, then wait
         for i in tl.static_range(PREFETCH):
             prefetch_tile(w_ptr, rows, tl.minimum(k_lo + i * BLOCK_K, k_hi - 1), K, up_rows, BLOCK_K, LINE, GLU)
-    pdl_wait(USE_PDL)
+    pdl_wait(USE_PDL, LATE)
     # The fold's operands, requested now and first read in the epilogue, so that the loop never
     # waits for them (1 / rms itself is computed there too: a sum here would wait for the loads).
     ss, res = 0.0, 0.0  # unused unless ROW_NORM, RESIDUAL
@@ -146,6 +146,7 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
         acc, acc_up = multiply_tiles(x, w, u, acc, acc_up, FP8, GLU, DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    pdl_trigger_late(USE_PDL, LATE)
     if SPLIT_K > 1:
         out_mask = m_mask & (offs_n[None, :] < N)
         tile_offs = offs_m[:, None] * N + offs_n[None, :]
@@ -371,6 +372,7 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
         cfg["BLOCK_N"] = max(cfg["BLOCK_N"] // 2, 16)
     cfg.setdefault("PREFETCH", 1)
     cfg.setdefault("AHEAD", 0)
+    cfg.setdefault("LATE", 0)
     out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0:
         return out.view(*x.shape[:-1], N) if residual is None else (out, out.new_zeros((1, 0), dtype=torch.float32))
