@@ -34,11 +34,12 @@ HEADS = sorted(n for n, c in SHAPES.items() if c["position"] == "rotary")
 
 
 def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False, opaque_bt: bool = False,
-                   heads: str = "llama3-8b", rotary: bool = True, maxnreg: int | None = None):
+                   heads: str = "llama3-8b", rotary: bool = True, maxnreg: int | None = None, late: bool = False):
     """The decode kernel as the engine launches it at batch <= 64 (one query row a sequence, no
     context splits), for sm_90; `early_kv`, `opaque_bt`: the config keys EARLY_KV and OPAQUE_BT;
     `heads` a rotary shape of random_weights.SHAPES; `rotary` False: the kernel that
-    rotary_decode_attention runs after the rotary kernel (FUSE_ROTARY false); `maxnreg` caps registers a thread (the config key)."""
+    rotary_decode_attention runs after the rotary kernel (FUSE_ROTARY false); `maxnreg` caps registers a thread (the config key);
+    `late`: the LATE key (the next kernel launches once every program has left its loop)."""
     shape = SHAPES[heads]
     group, hd, rot = shape["num_heads"] // shape["num_kv_heads"], shape["head_dim"], shape["rotary_dim"]
     fn = _decode_kernel
@@ -52,7 +53,7 @@ def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False
                       HEAD_DIM_P2=max(next_pow2(hd), 16), BLOCK_SIZE=16, BLOCK_N=block_n,
                       NUM_SPLITS=1, SEQS_BLOCK=64, DOT_PRECISION="tf32", ROTARY=rotary, HALF=rot // 2 if rotary else 1,
                       ROT=rot if rotary else 2, ONE_ROW=True,
-                      EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, LATE=False, USE_PDL=True)
+                      EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, LATE=late, USE_PDL=True)
     sig |= {k: "constexpr" for k in constexprs}
     aligned = [n for n in order if sig[n].startswith("*") or n.startswith("stride")]
     src = ASTSource(fn=fn, signature={n: sig[n] for n in order},

@@ -297,7 +297,7 @@ def main() -> None:
     ap.add_argument("--attention-configs", type=json.loads,
                     help='A/B the decode attention tiles, e.g. \'[{}, {"num_stages": 3}]\': keys changed from the '
                          "kernel's choice for the batch ({} keeps it), each batch timed under each in turn, twice "
-                         "(graphs recaptured each time)")
+                         "(graphs recaptured each time); with --gemm-configs, paired: variant i is (table i, tile i)")
     ap.add_argument("--gemm-configs", type=table_paths,
                     help="A/B `tune-gemm` tables, comma separated: each batch is timed under each in turn, "
                          "--ab-rounds times (graphs recaptured each time); the first is also --gemm-config's if that "
@@ -321,8 +321,9 @@ def main() -> None:
             ap.error(f"--env-rounds must be >= 1, got {args.env_rounds}")
         run_env_variants(args.env_variants, args.env_rounds, sys.argv[1:])
         return
-    if args.gemm_configs and args.attention_configs:
-        ap.error("--gemm-configs and --attention-configs each A/B the whole run: pass one of them")
+    if args.gemm_configs and args.attention_configs and len(args.gemm_configs) != len(args.attention_configs):
+        ap.error(f"--gemm-configs ({len(args.gemm_configs)}) and --attention-configs ({len(args.attention_configs)}) "
+                 "together pair up, the i-th table with the i-th tile: give as many of each")
     if args.attention_configs is not None:
         problems = ([attention_config_problem(c) for c in args.attention_configs]
                     if isinstance(args.attention_configs, list) else ["a list"])
@@ -357,10 +358,10 @@ def main() -> None:
 
     res["kv_2k_sequences_at_0.9_memory"] = kv_capacity_2k("llama3-8b")  # before this process holds anything
     variants: list[dict] = [{}]  # what each A/B run changes; graphs are captured again for each
-    if args.attention_configs:
-        variants = [{"attention": c} for c in args.attention_configs]
-    if args.gemm_configs:
-        variants = [{"gemm_config": path} for path in args.gemm_configs]
+    if args.attention_configs or args.gemm_configs:  # together: paired, variant i = (table i, tile i)
+        n = len(args.attention_configs or args.gemm_configs)
+        variants = [{**({"gemm_config": args.gemm_configs[i]} if args.gemm_configs else {}),
+                     **({"attention": args.attention_configs[i]} if args.attention_configs else {})} for i in range(n)]
     tables = {path: GemmTable.load(path, torch.device("cuda")) for path in args.gemm_configs or []}
     if None in tables.values():
         ap.error(f"--gemm-configs: {[p for p, t in tables.items() if t is None]} tuned on another GPU than "

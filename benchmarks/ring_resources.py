@@ -21,8 +21,10 @@ from benchmarks.attention_resources import SM_SHARED, resident
 from benchmarks.gemv_registers import _ptxas
 
 
-def compile_ring(block_n: int, block_k: int, stages: int, split_k: int, glu: bool, fold: str, maxnreg: int = 0):
-    """The ring kernel as ring_linear_gluon launches it for a tiled config at 64 rows, for sm_90."""
+def compile_ring(block_n: int, block_k: int, stages: int, split_k: int, glu: bool, fold: str, maxnreg: int = 0,
+                 late: bool = False):
+    """The ring kernel as ring_linear_gluon launches it for a tiled config at 64 rows, for sm_90
+    (`late`: the LATE key)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -38,7 +40,7 @@ def compile_ring(block_n: int, block_k: int, stages: int, split_k: int, glu: boo
     sig |= {n: "*fp32" for n in ("part_ptr", "ss_in_ptr", "ss_out_ptr")}
     sig |= {n: "i32" for n in ("M", "N", "K", "stride_om", "total_runs", "programs", "oob_row", "ss_parts", "stride_res")}
     constexprs = dict(BLOCK_N=block_n, HAS_BIAS=False, GLU=glu, SPLIT_K=split_k, STAGES=stages, EARLY=stages,
-                      ROW_NORM=fold == "norm", PARTS_P2=32, RESIDUAL=fold == "res", USE_PDL=True, LATE=False,
+                      ROW_NORM=fold == "norm", PARTS_P2=32, RESIDUAL=fold == "res", USE_PDL=True, LATE=late,
                       num_warps=4)
     sig |= {k: "constexpr" for k in constexprs}
     src = GluonASTSource(fn=fn, signature={n: sig[n] for n in order},

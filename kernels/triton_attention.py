@@ -354,7 +354,10 @@ DECODE_CONFIG = dict(BLOCK_N=64, num_warps=4, num_stages=2)
 # (4.943 / 5.091 against 4.731 / 4.888) and 32 gained nothing (5.492 / 5.405 against 5.234 / 5.421):
 # benchmarks/results/ab-attention-*-2026-11-30h.txt.
 SMALL_BATCH_ROWS = 16
-SMALL_BATCH_DECODE_CONFIG = dict(BLOCK_N=32, num_warps=4, num_stages=1)
+# LATE: the kernel after it (o) launches once every program has left its loop. With o's and
+# gate/up's 16-row table entries late too, batch 16 took 4.542 against 4.562 ms, every one of four
+# alternated rounds; any one of the three alone moved nothing (pdl-trigger-ab-h200-2026-12-01u.txt).
+SMALL_BATCH_DECODE_CONFIG = dict(BLOCK_N=32, num_warps=4, num_stages=1, LATE=True)
 # Heads wider than WIDE_HEAD_ABOVE (GPT-J's 256) above one row: the default tile's bytes at half
 # its tokens, pipelined at every row count, and rotary in its own kernel ahead (FUSE_ROTARY False:
 # rotary_decode_attention reads it), because fused the kernel holds 154 registers a thread and
@@ -400,7 +403,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
                            max_query_len: int | None = None, max_seq_len: int | None = None,
                            decode_config: dict | None = None, prefill_config: dict | None = None,
                            num_splits: int | None = None, rotary: tuple | None = None):
-    """`decode_config`: BLOCK_N, num_warps, num_stages (and maxnreg, EARLY_KV) of the decode
+    """`decode_config`: BLOCK_N, num_warps, num_stages (and maxnreg, EARLY_KV, OPAQUE_BT, LATE) of the decode
     kernel (decode_config_for's by default); its context splits are `num_splits`, else the config's
     `splits` (how an A/B forces them), else `_num_splits`'s choice. `rotary`: (k, v, positions,
     cos_sin, rotary_dim, slot_mapping) of a decode step whose q, k and v are unrotated and not yet
@@ -450,7 +453,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
             scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
-            NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, LATE=late, **cfg, **common, **pdl_args(q))
+            NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, LATE=late, **cfg,
+            **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),
                                      HEAD_DIM=hd, HEAD_DIM_P2=hd_p2, NUM_SPLITS=splits, num_warps=4,

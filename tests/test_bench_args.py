@@ -101,10 +101,13 @@ def test_decode_bench_names_bad_attention_tiles_and_block_sizes_before_the_gpu()
     import sys
     from pathlib import Path
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_bench.py"
+    table = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gemm-h200-decode.json"
     cases = [(["--attention-configs", '[{}, {"stages": 1}]'], "--attention-configs takes a JSON list"),
              (["--attention-configs", '[{}, {"splits": 3}]'], "splits=3: a power of two"),
              (["--attention-configs", '[{}, {"EARLY_KV": 1}]'], "EARLY_KV=1: true or false"),
              (["--attention-configs", '[{"OPAQUE_BT": "yes"}]'], "OPAQUE_BT='yes': true or false"),
+             (["--attention-configs", '[{}, {"LATE": 1}]'], "LATE=1: true or false"),
+             (["--gemm-configs", f"{table},{table}", "--attention-configs", '[{}]'], "pair up"),
              (["--block-size", "48"], "--block-size 48: a power of two"),
              (["--ab-rounds", "0"], "--ab-rounds must be >= 1"),
              (["--gptj-batches", "0"], "batch sizes >= 1"),
@@ -300,3 +303,26 @@ def test_stage0_streams_bench_reads_every_token_both_ways(tmp_path):
     assert [row["mode"] for row in rows] == ["generate", "many"]
     # (CPU time comes in 10 ms clock ticks: at 32 tokens it may read 0)
     assert all(row["tokens"] == 32 and row["server_cpu_us_per_token"] >= 0 and row["tok_s"] > 0 for row in rows)
+
+
+def test_the_late_key_moves_the_successors_launch_after_the_main_loop():
+    """Compiled for sm_90 on the CPU: the ring GEMM and decode attention let the next kernel launch
+    right after their PDL wait, before any product; with LATE only after their last one."""
+    pytest.importorskip("triton.experimental.gluon", reason="benchmarks/ring_resources.py compiles Gluon")
+    from benchmarks.attention_resources import compile_decode
+    from benchmarks.ring_resources import compile_ring
+
+    def trigger_and_products(ptx: str) -> tuple[list[int], list[int]]:
+        lines = ptx.splitlines()
+        return ([i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line],
+                [i for i, line in enumerate(lines) if "mma" in line and not line.lstrip().startswith("//")])
+
+    for name, build in (("ring", lambda late: compile_ring(64, 128, 4, 1, False, "none", late=late)),
+                        ("attention", lambda late: compile_decode(2, 64, 4, late=late))):
+        for late in (False, True):
+            triggers, products = trigger_and_products(build(late).asm["ptx"])
+            assert len(triggers) == 1 and products, (name, late, triggers)
+            if late:
+                assert triggers[0] > products[-1], f"{name}: with LATE the trigger must follow the loop's last product"
+            else:
+                assert triggers[0] < products[0], f"{name}: by default the trigger must come before any product"
