@@ -84,12 +84,17 @@ def current_choice(table: GemmTable, entry_key: str, m: int) -> dict:
 
 
 def candidates(current: dict, m: int, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> list[dict]:
-    """The current choice first, then the default path, cuBLAS, the split-K TMA tiles and the ring
-    tiles (and at one row the GEMV tiles), each once."""
+    """The current choice first, then its twin with the other LATE (where the kernel after it may
+    launch: the split-K and ring kernels take the key), the default path, cuBLAS, the split-K TMA
+    tiles and the ring tiles (and at one row the GEMV tiles), each once."""
     from shardline.kernels import gemv
     from shardline.kernels._dispatch import hopper_or_later
 
-    out = [current, dict(DEFAULT), {"impl": "cublas", "config": None}]
+    out = [current]
+    if current["impl"] in ("triton", "ring") and current.get("config"):
+        late = current["config"].get("LATE", 0)
+        out.append({"impl": current["impl"], "config": {**current["config"], "LATE": 0 if late else 1}})
+    out += [dict(DEFAULT), {"impl": "cublas", "config": None}]
     if m == 1 and gemv.fits(x, w):
         out += [{"impl": "gemv", "config": c} for c in gemv_candidates(x, w, scale)]
     elif m > 1:

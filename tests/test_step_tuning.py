@@ -103,6 +103,19 @@ def test_a_candidate_is_checked_in_the_form_the_engine_runs_it():
     assert lin.gemms is None, "the linear's own table is put back"
 
 
+def test_candidates_try_the_current_choice_with_the_other_trigger_place():
+    """The current split-K or ring choice comes first, its twin with LATE flipped second (where the
+    kernel after it may launch, which paid at 16 rows); cuBLAS has no such twin."""
+    x, w = torch.randn(16, 64), torch.randn(64, 64)
+    late_ring = {"impl": "ring", "config": dict(RING["config"], LATE=1)}
+    assert step_tuning.candidates(RING, 16, x, w, None)[:2] == [RING, late_ring]
+    assert step_tuning.candidates(late_ring, 16, x, w, None)[1] == {"impl": "ring", "config": dict(RING["config"], LATE=0)}
+    split_k = {"impl": "triton", "config": {"BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 4, "TMA": 1}}
+    assert step_tuning.candidates(split_k, 16, x, w, None)[1]["config"] == dict(split_k["config"], LATE=1)
+    cublas = {"impl": "cublas", "config": None}
+    assert not any((c.get("config") or {}).get("LATE") for c in step_tuning.candidates(cublas, 16, x, w, None))
+
+
 def test_in_step_refuses_rounds_or_a_margin_it_cannot_use(tmp_path):
     for flags in (("--step-rounds", "0"), ("--step-margin", "1.5"), ("--step-margin", "-0.1")):
         out = tune_gemm("--shape", "llama3-8b", "--in-step", *flags, "--out", str(tmp_path / "t.json"))
