@@ -238,6 +238,9 @@ def ring_config(config: dict | None) -> dict:
     if cfg.get("SUB", 0) not in (0, 8, 16, 32, 64) or cfg.get("WAVES", 1) < 1:
         raise ValueError(f"ring GEMM SUB={cfg.get('SUB')}, WAVES={cfg.get('WAVES')}: SUB is 0 (tiles of "
                          "BLOCK_N) or the rows of a run, one of 8, 16, 32, 64; WAVES (programs a multiprocessor) >= 1")
+    if cfg.get("LATE", 0) not in (0, 1, False, True):
+        raise ValueError(f"ring GEMM LATE={cfg['LATE']!r}: 0 (the next kernel may launch after this one's PDL wait) "
+                         "or 1 (after its main loop)")
     if cfg.get("MAXNREG", 0) and not (cfg["MAXNREG"] % 8 == 0 and 64 <= cfg["MAXNREG"] <= 248):
         raise ValueError(f"ring GEMM MAXNREG={cfg['MAXNREG']}: 0 (no cap) or a multiple of 8 from 64 to 248 "
                          "(the warp groups trade registers in steps of 8)")

@@ -9,7 +9,7 @@ for their first weight tiles there (`prefetch_l2`).
 
 Where a kernel lets its successor launch is the config key LATE of the split-K, ring and decode
 attention kernels: right after the wait (the default) or once every program has left its main loop
-(`pdl_trigger_late`). Each moves single boundaries by 10-60 us a step at batch 64, both ways, and
+(`pdl_trigger_late`). Each moves single boundaries by 12-62 us a step at batch 64, both ways, and
 no placement gained there in whole runs; at 16 rows attention, o and gate/up late together gained
 ~0.02 ms a step (docs/benchmarks.md).
 """

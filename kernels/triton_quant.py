@@ -84,8 +84,8 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, GLU: tl.constexpr,
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, AHEAD: tl.constexpr, LATE: tl.constexpr, LINE: tl.constexpr,
-                        TMA: tl.constexpr, ROW_NORM: tl.constexpr, PARTS_P2: tl.constexpr,
+                        BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, AHEAD: tl.constexpr, LATE: tl.constexpr,
+                        LINE: tl.constexpr, TMA: tl.constexpr, ROW_NORM: tl.constexpr, PARTS_P2: tl.constexpr,
                         RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr, GELU: tl.constexpr, USE_PDL: tl.constexpr):
     """GLU: w is the fused [gate; up] projection [2N, K]; the program's tile is BLOCK_N gate rows
     and the BLOCK_N up rows N below them, and it writes silu(gate) * up [M, N]. GELU: it writes

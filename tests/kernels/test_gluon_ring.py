@@ -43,6 +43,7 @@ def test_bad_configs_name_the_key_or_value():
                         ({"SPLIT_K": 0}, "SPLIT_K=0"), ({"EARLY": -1}, "EARLY=-1"), ({"SUB": 12}, "SUB=12"),
                         ({"SUB": 16, "WAVES": 0}, "WAVES=0"), ({"SUB": 16, "SPLIT_K": 2}, "does not split K"),
                         ({"MAXNREG": 100}, "MAXNREG=100"), ({"MAXNREG": 256}, "MAXNREG=256"),
+                        ({"LATE": "yes"}, "LATE='yes'"),
                         ({"BLOCK_N": 256, "BLOCK_K": 128, "STAGES": 4}, "KB of shared memory")):
         with pytest.raises(ValueError, match=needle):
             ring_linear(x, w, None, bad)
