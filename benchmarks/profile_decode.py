@@ -4,6 +4,7 @@
     python -m benchmarks.profile_decode --batch 256 --generate      # host + device of whole steps
     python -m benchmarks.profile_decode --batch 64 --gemm-config benchmarks/results/gemm-h200-decode.json
     python -m benchmarks.profile_decode --batch 64 --timeline --gemm-config ...   # replays of the graph
+    python -m benchmarks.profile_decode --batch 64 --timeline --contexts 1,128,256 --gemm-config ...
 
 The first mode runs a decode step (context 256) eagerly under torch.profiler after warm-up and
 prints the kernels by CUDA time. The second profiles `LocalPipeline.generate` as the benchmark
@@ -14,7 +15,10 @@ kernels and what the host queues around each replay alike, each labelled by the 
 The third replays the captured decode graph (context 192, as decode_bench's graph_replay_ms) and
 splits its wall time among the kernels on the critical path: with programmatic dependent launch a
 kernel starts before the one ahead of it ends and waits, so its own duration overstates what it
-costs; `critical_path` charges each kernel only the time by which it extends the step.
+costs; `critical_path` charges each kernel only the time by which it extends the step. With
+`--contexts`, the same at each context, then a straight line through each kernel's critical time
+against the context: its slope is what a token of context costs (attention streams K/V), its
+intercept what the kernel costs with no context to read (its boundary, prologue and epilogue).
 """
 
 from __future__ import annotations
@@ -101,7 +105,10 @@ def by_predecessor(spans: list[tuple[str, float, float]]) -> list[tuple[str, flo
             for i, (name, start, end) in enumerate(spans)]
 
 
-def print_timeline(pipeline, batch: int, replays: int = 5, context: int = 192, rows: int = 18) -> None:
+def timeline_stats(pipeline, batch: int, replays: int = 5, context: int = 192
+                   ) -> tuple[dict[str, list[float]], float, float, list[tuple[str, float, float]]] | None:
+    """(critical_path's stats, idle, wall, the kernels' spans) over `replays` replays of the
+    captured step with every row attending over `context` tokens; None if nothing was recorded."""
     graph = decode_bench.loaded_graph(pipeline, batch, context, capture=True)
     for _ in range(3):
         graph.replay()
@@ -113,9 +120,16 @@ def print_timeline(pipeline, batch: int, replays: int = 5, context: int = 192, r
     spans = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
              if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))]
     if not spans:
+        return None
+    return (*critical_path(by_predecessor(sorted(spans, key=lambda s: s[1]))), spans)
+
+
+def print_timeline(pipeline, batch: int, replays: int = 5, context: int = 192, rows: int = 18) -> None:
+    got = timeline_stats(pipeline, batch, replays, context)
+    if got is None:
         print("the profiler recorded no kernels of the graph replays")
         return
-    stats, idle, wall = critical_path(by_predecessor(sorted(spans, key=lambda s: s[1])))
+    stats, idle, wall, spans = got
     print(f"batch {batch}, context {context}: {wall / replays / 1e3:.3f} ms a replay, "
           f"{idle / replays:.1f} us of it idle; {len(spans) // replays} kernels a replay")
     print(f"{'kernel':<60} {'a step':>6} {'us each':>8} {'crit us/step':>12} {'share':>6}")
@@ -129,6 +143,38 @@ def print_timeline(pipeline, batch: int, replays: int = 5, context: int = 192, r
         print(f"  {start - t0:>8.1f} {end - t0:>8.1f}  {name[:70]}")
 
 
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through the points (xs, ys)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - slope * mx, slope
+
+
+def print_context_fit(pipeline, batch: int, contexts: list[int], replays: int = 5, rows: int = 8) -> None:
+    """Each kernel's critical time a step at each context, and its line against the context."""
+    per: dict[str, dict[int, float]] = {}
+    walls = {}
+    for ctx in contexts:
+        got = timeline_stats(pipeline, batch, replays, ctx)
+        if got is None:
+            print(f"context {ctx}: the profiler recorded no kernels")
+            return
+        stats, _, wall, _ = got
+        walls[ctx] = wall / replays
+        for name, (_, _, own) in stats.items():
+            per.setdefault(name, {})[ctx] = own / replays
+    print(f"batch {batch}: critical us a step by context; the line's intercept (us at context 0) and slope (us a token)")
+    print(f"{'kernel':<60} " + " ".join(f"{c:>9}" for c in contexts) + f" {'at 0':>9} {'a token':>8}")
+    print(f"{'the replay':<60} " + " ".join(f"{walls[c]:>9.1f}" for c in contexts))
+    top = sorted(per.items(), key=lambda kv: -max(kv[1].values()))[:rows]
+    for name, by_ctx in top:
+        ys = [by_ctx.get(c, 0.0) for c in contexts]
+        a, b = fit_line([float(c) for c in contexts], ys)
+        print(f"{name[:60]:<60} " + " ".join(f"{y:>9.1f}" for y in ys) + f" {a:>9.1f} {b:>8.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=1)
@@ -138,12 +184,23 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=18)
     ap.add_argument("--generate", action="store_true", help="profile whole generate() steps, host included")
     ap.add_argument("--timeline", action="store_true", help="replay the captured decode graph; kernels on the critical path")
+    ap.add_argument("--contexts", help="with --timeline: comma-separated contexts (at least two) to fit each "
+                    "kernel's critical time against, e.g. 1,128,256; contexts in one graph bucket (up to 256) share the attention's splits")
     ap.add_argument("--trace", default="decode_trace.json")
     ap.add_argument("--gemm-config", help="use `shardline tune-gemm` choices, as decode_bench.py does")
     ap.add_argument("--attention-config", default="{}",
                     help="decode attention keys over the kernel's choice, as one of decode_bench's "
                          '--attention-configs, e.g. \'{"OPAQUE_BT": true}\'')
     args = ap.parse_args()
+    contexts = None
+    if args.contexts is not None:
+        try:
+            contexts = [int(c) for c in args.contexts.split(",")]
+        except ValueError:
+            contexts = []
+        if not args.timeline or len(set(contexts)) < 2 or min(contexts) < 1:
+            ap.error(f"--contexts {args.contexts!r}: give --timeline and at least two distinct contexts >= 1, "
+                     "e.g. --timeline --contexts 1,128,256")
     attention_config = decode_bench.parse_attention_config(ap, args.attention_config)
     if attention_config:
         decode_bench.use_attention_config(attention_config)
@@ -162,7 +219,10 @@ def main() -> None:
         print_decode_window(prof, pipeline.engines[0].spec.num_layers, rows=args.rows)
         return
     if args.timeline:
-        print_timeline(pipeline, args.batch, rows=args.rows)
+        if contexts:
+            print_context_fit(pipeline, args.batch, contexts, rows=args.rows)
+        else:
+            print_timeline(pipeline, args.batch, rows=args.rows)
         return
     engine = pipeline.engines[0]
     engine.graphs = None  # eager: see every kernel

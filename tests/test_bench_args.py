@@ -173,6 +173,17 @@ def test_profile_decode_names_a_bad_attention_config_before_the_gpu():
         assert out.returncode == 2 and "--attention-config takes a JSON object" in out.stderr, (text, out.stderr[-500:])
 
 
+def test_profile_decode_names_bad_contexts_before_the_gpu():
+    """--contexts needs --timeline and two distinct contexts >= 1: exit 2 naming the option."""
+    import subprocess
+    import sys
+    for argv in (["--contexts", "1,256"], ["--timeline", "--contexts", "192"], ["--timeline", "--contexts", "0,192"],
+                 ["--timeline", "--contexts", "a,b"], ["--timeline", "--contexts", "64,64"]):
+        out = subprocess.run([sys.executable, "-m", "benchmarks.profile_decode", *argv],
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert out.returncode == 2 and "--contexts" in out.stderr and "at least two" in out.stderr, (argv, out.stderr[-500:])
+
+
 def test_decode_bench_sizes_the_kv_pool_for_the_shape():
     """GPT-J's 256 sequences of a 128 + 128 run need ~30 GB of KV (0.46 MB a token); the bench gave
     every model 24 GB, and GPT-J's batch 256 failed with OutOfBlocks (session o)."""

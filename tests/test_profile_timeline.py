@@ -33,3 +33,12 @@ def test_by_predecessor_tells_one_kernels_uses_apart():
     names = [n for n, _, _ in by_predecessor(spans)]
     assert names == ["_ring_linear_kernel < -", "_int8_linear_kernel < _ring_linear_kernel",
                      "_int8_linear_kernel < _int8_linear_kernel", "at::native::reduce_kernel < _int8_linear_kernel"]
+
+
+def test_fit_line_recovers_a_line_and_its_intercept():
+    """--contexts fits each kernel's critical time against the context: intercept and slope."""
+    from benchmarks.profile_decode import fit_line
+    a, b = fit_line([1.0, 128.0, 256.0], [2.0 + 0.5 * 1, 2.0 + 0.5 * 128, 2.0 + 0.5 * 256])
+    assert abs(a - 2.0) < 1e-9 and abs(b - 0.5) < 1e-9
+    a, b = fit_line([0.0, 1.0, 2.0, 3.0], [1.0, 3.0, 2.0, 4.0])  # least squares, not the end points
+    assert abs(b - 0.8) < 1e-9 and abs(a - 1.3) < 1e-9
