@@ -116,10 +116,16 @@ def quantized_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor,
 @dataclass
 class GreedyIds:
     """Where a head product leaves each row's greedy id: `out` int64 [M], the first maximum among
-    the product's first `cols` columns (the real vocabulary of a padded head)."""
+    the product's first `cols` columns (the real vocabulary of a padded head).
+
+    `store` (int64 [1] on the product's device, or None): where it holds 0, no one reads this
+    call's logits (a decode graph's step in which every row is greedy, cuda_graphs.py), and a
+    product that leaves the ids from its epilogue skips writing them: the returned logits are then
+    whatever the buffer held. Products that take the ids from the logits write them whatever it holds."""
 
     out: torch.Tensor
     cols: int
+    store: torch.Tensor | None = None
 
     def take(self, y: torch.Tensor) -> None:
         """Write them from a product `y` [M, >= cols] already computed (where no epilogue did)."""

@@ -80,13 +80,14 @@ def multiply_tiles(x, w, u, acc, acc_up, FP8: tl.constexpr, GLU: tl.constexpr, D
 @triton.jit
 def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
                         stride_xm, stride_wn, stride_om, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, ss_out_ptr,
-                        best_ptr, first_ptr, greedy_cols,
+                        best_ptr, first_ptr, greedy_cols, store_ptr,
                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, GLU: tl.constexpr,
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, AHEAD: tl.constexpr, LATE: tl.constexpr,
                         LINE: tl.constexpr, TMA: tl.constexpr, ROW_NORM: tl.constexpr, PARTS_P2: tl.constexpr,
-                        RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr, GELU: tl.constexpr, USE_PDL: tl.constexpr):
+                        RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr, GATE_STORE: tl.constexpr, GELU: tl.constexpr,
+                        USE_PDL: tl.constexpr):
     """GLU: w is the fused [gate; up] projection [2N, K]; the program's tile is BLOCK_N gate rows
     and the BLOCK_N up rows N below them, and it writes silu(gate) * up [M, N]. GELU: it writes
     gelu_tanh(the product + bias) (GPT-J's and GPT-2's up projection). TMA: the loop's
@@ -101,7 +102,8 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
     res + this product, with this tile's partial sums of squares at ss_out_ptr [N tiles, M].
     ARGMAX (a head's logits): each row's first maximum among this tile's columns below
     greedy_cols, its value at best_ptr and its column at first_ptr [M, N tiles], for
-    triton_argmax's pick kernel (greedy sampling without a pass over the logits)."""
+    triton_argmax's pick kernel (greedy sampling without a pass over the logits). GATE_STORE (with
+    ARGMAX): the logits are written only where int64 store_ptr[0] is not 0 (quant.GreedyIds.store)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -168,21 +170,22 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
                                       cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + tile, 0)
             _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr, greedy_cols,
-                 pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL, ARGMAX,
-                 GELU)
+                 store_ptr, pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM,
+                 RESIDUAL, ARGMAX, GATE_STORE, GELU)
     else:
         _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr, greedy_cols,
-             pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL, ARGMAX,
-             GELU)
+             store_ptr, pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL,
+             ARGMAX, GATE_STORE, GELU)
 
 
 @triton.jit
 def _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr, greedy_cols,
-         tile_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+         store_ptr, tile_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
          GLU: tl.constexpr, ROW_NORM: tl.constexpr, RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr,
-         GELU: tl.constexpr):
+         GATE_STORE: tl.constexpr, GELU: tl.constexpr):
     """The split-K kernel's epilogue: the row norm's scale (a row factor, so it goes before the
-    bias like the channel scale), then the plain store or the residual's, then the tile's argmax."""
+    bias like the channel scale), then the plain store or the residual's, then the tile's argmax
+    (of the values the store rounds to, whether or not GATE_STORE skips the store)."""
     if ROW_NORM:
         rstd = row_rstd(ss, K, eps)
         acc = acc * rstd[:, None]
@@ -193,8 +196,11 @@ def _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_pt
                    GELU)
         residual_epilogue(y, res, out_ptr, ss_out_ptr, tile_n, offs_m, offs_n, M, N, stride_om)
     else:
+        keep = True
+        if GATE_STORE:
+            keep = tl.load(store_ptr) != 0
         y = epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_SCALE,
-                     HAS_BIAS, GLU, GELU)
+                     HAS_BIAS, GLU, GELU, keep)
         if ARGMAX:
             tile_argmax(y, best_ptr, first_ptr, greedy_cols, tile_n, offs_m, offs_n, M)
 
@@ -228,11 +234,13 @@ def finish(acc, acc_up, scale_ptr, bias_ptr, offs_n, N, dtype: tl.constexpr,
 
 @triton.jit
 def epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
-             HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr, GELU: tl.constexpr = False):
-    """out[offs_m, offs_n] = finish(...) in out's dtype. Shared by the stream-K kernel."""
+             HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr, GELU: tl.constexpr = False,
+             keep=True):
+    """out[offs_m, offs_n] = finish(...) in out's dtype, stored unless `keep` is false; returns the
+    values in out's dtype either way. Shared by the stream-K kernel."""
     dtype = out_ptr.dtype.element_ty
     y = finish(acc, acc_up, scale_ptr, bias_ptr, offs_n, N, dtype, HAS_SCALE, HAS_BIAS, GLU, GELU)
-    mask = (offs_m[:, None] < M) & (offs_n < N)[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n < N)[None, :] & keep
     tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :], y.to(dtype), mask=mask)
     return y.to(dtype)
 
@@ -345,8 +353,8 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     `norm` (a norm.RowNorm of x) and `residual`: the epilogue's fold of the RMSNorm before the
     product and of the residual add after it (quant.small_m_linear); with `residual` the result is
     (the stream's next value, its partial sums of squares [N tiles, M]). `greedy` (a
-    quant.GreedyIds): each row's argmax, from the epilogue's per-tile maxima and a pick kernel.
-    `gelu`: the output is gelu_tanh(the product + bias), in the epilogue."""
+    quant.GreedyIds): each row's argmax, from the epilogue's per-tile maxima and a pick kernel (and
+    the logits stored only where its `store` says so). `gelu`: the output is gelu_tanh(the product + bias), in the epilogue."""
     assert out_dtype is None or not glu, "SwiGLU's output is x's dtype"
     from ._dispatch import sm_count
     N, K = w.shape
@@ -382,6 +390,7 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
         first = torch.empty((M, grid[0]), dtype=torch.int32, device=x.device)
     else:
         best, first = out, out  # unused
+    store = greedy.store if greedy is not None and greedy.store is not None else out  # out: no gate
     fold = FoldArgs(out, grid[0], M, norm, residual)
     if split_k > 1:
         part = torch.empty((split_k, 2 if glu else 1, M, N), dtype=torch.float32, device=x.device)
@@ -395,8 +404,8 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     _int8_linear_kernel[grid](x2, w_arg, x_desc, w_desc, dummy,
                               bias if bias is not None else dummy, out, part,
                               counters, M, N, K, x2.stride(0), w.stride(0), out.stride(0), *fold.args,
-                              best, first, greedy.cols if greedy is not None else 0, ARGMAX=greedy is not None,
-                              GELU=gelu,
+                              best, first, greedy.cols if greedy is not None else 0, store,
+                              ARGMAX=greedy is not None, GATE_STORE=store is not out, GELU=gelu,
                               ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2, RESIDUAL=residual is not None,
                               HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8,
                               EVEN_K=K % cfg["BLOCK_K"] == 0,

@@ -184,6 +184,17 @@ def test_profile_decode_names_bad_contexts_before_the_gpu():
         assert out.returncode == 2 and "--contexts" in out.stderr and "at least two" in out.stderr, (argv, out.stderr[-500:])
 
 
+def test_logits_store_ab_names_bad_arguments_before_the_gpu():
+    import subprocess
+    import sys
+    for argv, names in ((["--batch", "1"], "--batch 1"), (["--rounds", "0"], "--rounds 0"), ([], "CUDA GPU")):
+        out = subprocess.run([sys.executable, "-m", "benchmarks.logits_store_ab", *argv],
+                             capture_output=True, text=True, timeout=120, check=False)
+        if not argv and "CUDA GPU" not in out.stderr:
+            continue  # a machine with a GPU gets past the check
+        assert out.returncode == 2 and names in out.stderr, (argv, out.stderr[-500:])
+
+
 def test_decode_bench_sizes_the_kv_pool_for_the_shape():
     """GPT-J's 256 sequences of a 128 + 128 run need ~30 GB of KV (0.46 MB a token); the bench gave
     every model 24 GB, and GPT-J's batch 256 failed with OutOfBlocks (session o)."""

@@ -8,7 +8,8 @@ replays the whole stage's step with one launch. Graphs are captured lazily, one 
 block-table width, so decode attention's split-K fits the real contexts, not the model's maximum.
 
 Every graph reads its step from one flat int64 device buffer, laid out per graph as
-[ids b | src b | positions b | slots b | seq_lens b int32 | block table b x width int32]. The host
+[ids b | src b | positions b | slots b | seq_lens b int32 | block table b x width int32 | logits
+wanted 1]. The host
 fills the same layout in a pinned staging slot and sends it with one asynchronous copy, so
 launching a step never waits for the one before it (staging.py). Only the first stage's token ids
 or another stage's hidden rows, and that metadata, change between replays.
@@ -16,7 +17,8 @@ or another stage's hidden rows, and that metadata, change between replays.
 A last stage's graph ends with the greedy argmax of its logits, written to the persistent buffer
 `sampled`. The engine replays only steps in which every row samples, so row j there is the
 step's j-th sampled id; where rows sample at a temperature, the engine writes the drawn ids over
-it. On a one-stage model the graph also starts from it: a row whose token the previous step is
+it. In a step where every row is greedy nothing reads the logits, and a head whose epilogue leaves
+the ids skips writing them (64 x 128,256 fp32 values, 33 MB a step for Llama-3 at 64 rows). On a one-stage model the graph also starts from it: a row whose token the previous step is
 still sampling (overlap.py) has `src` = that token's row in `sampled`, and `src` = -1 takes the
 host id. A greedy decode step is then one copy up, one replay and one copy of the ids down.
 """
@@ -191,7 +193,8 @@ class StepLayout:
         self.b, self.width = b, width
         self.seq_lens_at = 4 * b  # in int64 units; seq_lens and the table are int32
         self.tables_at = self.seq_lens_at + (b + 1) // 2
-        self.numel = self.tables_at + (b * width + 1) // 2
+        self.logits_at = self.tables_at + (b * width + 1) // 2
+        self.numel = self.logits_at + 1
 
     def views(self, buffer: torch.Tensor, query_start_loc: torch.Tensor, sample_rows: torch.Tensor,
               ctx: int) -> tuple[torch.Tensor, torch.Tensor, StepMetadata]:
@@ -202,7 +205,8 @@ class StepLayout:
                             seq_lens=as32[2 * self.seq_lens_at:2 * self.seq_lens_at + b],
                             block_tables=as32[2 * self.tables_at:2 * self.tables_at + b * w].view(b, w),
                             query_start_loc=query_start_loc[:b + 1], sample_rows=sample_rows[:b],
-                            max_query_len=1, max_seq_len=ctx)
+                            max_query_len=1, max_seq_len=ctx,
+                            logits_wanted=buffer[self.logits_at:self.logits_at + 1])
         return buffer[:b], buffer[b:2 * b], meta
 
     def fill(self, buf: np.ndarray, step: HostStep, ids: np.ndarray | None = None,
@@ -226,3 +230,4 @@ class StepLayout:
         for i, t in enumerate(step.tables):
             tables[i, :len(t)] = t
         tables[n:, 0] = 0
+        buf[self.logits_at] = int(step.needs_logits)

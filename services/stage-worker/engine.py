@@ -281,6 +281,8 @@ class StageEngine:
                 step.sample_rows.append(step.starts[-1] - 1)
             step.max_query_len = max(step.max_query_len, c.num_tokens)
         step.max_seq_len = max(step.seq_lens)
+        step.needs_logits = batch.return_logits or any(c.sampling is None or not c.sampling.is_greedy
+                                                       for c in batch.sampled)
         return step
 
     # -- introspection ----------------------------------------------------------------------------

@@ -71,6 +71,9 @@ class HostStep:
     sample_rows: list[int] = field(default_factory=list)
     max_query_len: int = 0
     max_seq_len: int = 0
+    # Whether anything reads the step's logits (a row drawn at a temperature, or logits returned).
+    # A decode graph's head skips writing them when not (cuda_graphs.py); the eager path always does.
+    needs_logits: bool = False
 
     def metadata(self) -> StepMetadata:
         """Host tensors (plain pageable memory: this is the eager path, where prefill dominates)."""

@@ -38,6 +38,9 @@ class StepMetadata:
     # decode token; max_seq_len bounds the split-K of decode attention (None: block-table width).
     max_query_len: int | None = None
     max_seq_len: int | None = None
+    # [1] int64 on the device, or None (write them): 0 when no sampled row reads the logits (a
+    # decode graph's all-greedy step), so a head that leaves the greedy ids may skip writing them.
+    logits_wanted: torch.Tensor | None = None
 
 
 @dataclass
@@ -322,7 +325,8 @@ class StageModel:
 
         Returns the hidden stream [T, H] for the next stage, or, on the last stage, the full-vocab
         logits [S, V] (fp32) of the rows in meta.sample_rows; with `greedy` (int64 [S]), each of
-        those rows' argmax is written there too (by the head's kernel where it can).
+        those rows' argmax is written there too (by the head's kernel where it can, which then
+        leaves the logits unwritten where meta.logits_wanted holds 0).
         """
         h, residual = self.embed(inputs, meta.positions, pending) if self.is_first else (inputs.to(self.dtype), None)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
@@ -330,7 +334,7 @@ class StageModel:
         every_row = meta.sample_rows.shape[0] == h.shape[0]  # ascending, so they are 0..T-1
         if isinstance(residual, RowNorm):  # the folded layers leave the whole stream in h
             if self.is_last and self.head_folded and self.tp.size == 1 and every_row and self.lm_head.folds(h):
-                ids = None if greedy is None else GreedyIds(greedy, self.cfg.vocab_size)
+                ids = None if greedy is None else GreedyIds(greedy, self.cfg.vocab_size, meta.logits_wanted)
                 return self._logits(self.lm_head.fold(h, norm=residual, out_dtype=torch.float32, greedy=ids))
             residual = None
         if not self.is_last:

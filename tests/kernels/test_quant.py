@@ -342,6 +342,34 @@ def test_split_k_epilogue_leaves_each_rows_greedy_id(device, split_k, M, N, K, c
             assert out[1] == 3, "the first of three tied columns, one in another tile"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_split_k_head_skips_the_logits_nobody_reads(device, monkeypatch, split_k):
+    """GreedyIds.store (a decode graph's all-greedy step): with 0 there the greedy ids are the same
+    and the logits buffer is left as it was (here: every element -7, as allocated); with 1 the
+    logits are written. The flag is read on the device, so one captured graph serves both."""
+    from shardline.kernels.quant import GreedyIds
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    M, N, K, cols = 5, 700, 256, 697
+    x, w = _head_problem(M, N, K, dtype, device)
+    norm = RowNorm(x.float().pow(2).sum(-1)[None].contiguous(), 1e-5)
+    cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=split_k, num_warps=4, num_stages=3)
+    reference = torch.full((M,), -1, dtype=torch.int64, device=device)
+    logits = small_m_linear(x, w, None, None, cfg, out_dtype=torch.float32, norm=norm, greedy=GreedyIds(reference, cols))
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(-7))  # what the buffer held
+    for wanted in (0, 1):
+        ids = torch.full((M,), -1, dtype=torch.int64, device=device)
+        store = torch.tensor([wanted], dtype=torch.int64, device=device)
+        out = small_m_linear(x, w, None, None, cfg, out_dtype=torch.float32, norm=norm,
+                             greedy=GreedyIds(ids, cols, store))
+        assert torch.equal(ids, reference), wanted
+        if wanted:
+            assert torch.equal(out, logits)
+        else:
+            assert bool((out == -7).all()), "the logits were written though no one reads them"
+
+
 def test_gelu_reference_and_errors():
     from shardline.kernels.activation import gelu_tanh_ref
     x, w = torch.randn(3, 32, dtype=torch.float64), torch.randn(20, 32, dtype=torch.float64)

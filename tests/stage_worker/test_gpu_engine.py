@@ -236,6 +236,30 @@ def test_overlapped_graph_steps_give_the_eager_paths_tokens(one_stage, params):
     assert sum(graph and pending for graph, pending in steps) >= 16, "decode steps should replay graphs with pending rows"
 
 
+def test_a_folded_head_writes_the_logits_only_for_steps_that_draw(one_stage, tmp_path):
+    """Every linear on the split-K kernel, so the head leaves the greedy ids from its epilogue and
+    skips the logits in steps where every row is greedy. The rows drawn at a temperature stop
+    after 6 tokens and the greedy ones run on, so graph steps of both kinds follow each other: the
+    drawn rows must read this step's logits, not a stale buffer, and every row must get the eager
+    path's tokens on the same table."""
+    table = _gemm_table(one_stage, tmp_path / "gemm.json", torch.float32, {"impl": "triton", "config": dict(
+        BLOCK_N=32, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=3)})
+    config = dataclasses.replace(GPU, gemm_config=table)
+    params = [SamplingParams(max_tokens=6, temperature=0.9, seed=i, ignore_eos=True) if i % 2 else
+              SamplingParams(max_tokens=20, ignore_eos=True) for i in range(len(PROMPTS))]
+    want = LocalPipeline(one_stage, config=eager_twin(config)).generate(PROMPTS, params)
+    fast = LocalPipeline(one_stage, config=config)
+    engine = fast.engines[0]
+    assert engine.model.head_folded, "the table should fold the head, so that its epilogue leaves the ids"
+    wanted = []
+    prepare = engine._prepare
+    engine._prepare = lambda batch: wanted.append(prepare(batch)) or wanted[-1]
+    steps = trace_steps(engine)
+    assert fast.generate(PROMPTS, params) == want, "a drawn row read logits the head did not write"
+    graph_steps = [s.needs_logits for s, (graph, _) in zip(wanted, steps) if graph]
+    assert True in graph_steps and False in graph_steps, "the test should replay graphs of both kinds"
+
+
 def test_a_prompt_joining_between_graph_steps_keeps_every_token(one_stage):
     """Two sequences at a time: as one finishes a prompt joins, and its prefill step runs eagerly
     between graph steps. That eager step gathers the decoding row's pending id from the last

@@ -79,3 +79,25 @@ def test_a_step_with_an_unsampled_one_token_chunk_runs_eagerly(one_stage):
     # Step 2: the first sequence's decode, the second's last prompt token, the third's first (unsampled).
     fast = with_graphs(one_stage, EngineConfig(num_blocks=64, max_num_batched_tokens=3))
     assert fast.generate(prompts, params) == want
+
+
+def test_a_step_reads_its_logits_only_when_a_row_draws_or_returns_them(one_stage):
+    """HostStep.needs_logits, which a decode graph hands its head (0: write only the greedy ids):
+    false when every sampled row is greedy, true when one draws at a temperature or the batch
+    returns its logits."""
+    from shardline.stage_worker.batch import SequenceChunk, StageBatch
+    engine = LocalPipeline(one_stage, config=EngineConfig(num_blocks=64)).engines[0]
+    hot = SamplingParams(max_tokens=4, temperature=0.7, seed=1)
+
+    def needs(chunks, **kw) -> bool:
+        batch = StageBatch(chunks, **kw)
+        try:
+            return engine._prepare(batch).needs_logits
+        finally:
+            engine.free([c.request_id for c in chunks])
+
+    assert needs([SequenceChunk("a", 0, 3, True, GREEDY), SequenceChunk("b", 0, 2, True, GREEDY)]) is False
+    assert needs([SequenceChunk("a", 0, 3, True, GREEDY), SequenceChunk("b", 0, 2, True, hot)]) is True
+    assert needs([SequenceChunk("a", 0, 3, True, GREEDY), SequenceChunk("b", 0, 2, False, hot)]) is False, \
+        "a chunk that samples nothing reads no logits"
+    assert needs([SequenceChunk("a", 0, 3, True)], return_logits=True) is True

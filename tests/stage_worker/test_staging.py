@@ -32,17 +32,24 @@ def test_layout_round_trips_a_step_and_pads_the_rest():
     tables = meta.block_tables.tolist()
     assert tables[0][:2] == [4, 2] and tables[1][:3] == [9, 3, 5] and tables[2][:1] == [0]
     assert tables[3][0] == 0  # a padding row reads block 0
+    assert meta.logits_wanted.tolist() == [0], "an all-greedy step: the head may skip the logits"
     assert buffer[layout.numel:].tolist() == [99] * 7  # nothing written past the layout
+    step.needs_logits = True
+    slot, buf = staging.slot()
+    layout.fill(buf, step, np.array([11, 12, 0]))
+    staging.upload(slot, layout.numel, buffer)
+    assert meta.logits_wanted.tolist() == [1], "a step that draws at a temperature reads the logits"
 
 
 @pytest.mark.parametrize("b,width", [(1, 16), (3, 5), (256, 4096)])
 def test_a_layouts_parts_are_disjoint_and_inside_it(b, width):
-    """Every part a graph reads (ids, src, positions, slots, seq_lens, block table) has its own bytes,
+    """Every part a graph reads (ids, src, positions, slots, seq_lens, block table, the logits flag)
+    has its own bytes,
     all within the layout's numel, so one upload of numel elements carries the whole step."""
     layout = StepLayout(b, width)
     buffer = torch.zeros(layout.numel + 64, dtype=torch.int64)
     ids, src, meta = layout.views(buffer, torch.arange(b + 1, dtype=torch.int32), torch.arange(b), 16 * width)
-    parts = [ids, src, meta.positions, meta.slot_mapping, meta.seq_lens, meta.block_tables]
+    parts = [ids, src, meta.positions, meta.slot_mapping, meta.seq_lens, meta.block_tables, meta.logits_wanted]
     spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in parts)
     start, end = buffer.data_ptr(), buffer.data_ptr() + layout.numel * 8
     assert spans[0][0] >= start and spans[-1][1] <= end, "a part lies outside the uploaded span"

@@ -1,0 +1,88 @@
+"""Does skipping the head's logits in an all-greedy decode step pay? An A/B in one process.
+
+    python -m benchmarks.logits_store_ab [--batch 64] [--gemm-config T] [--rounds 4]
+
+A decode graph reads one word of its step, "logits wanted" (cuda_graphs.StepLayout): where it is
+0, a head that leaves the greedy ids from its epilogue (the split-K kernel, a table's choice at
+2-64 rows) does not write the fp32 logits, 33 MB a step for Llama-3 at 64 rows. This times the
+same engine and the same captured graph both ways, alternated round by round:
+
+* the graph replayed back to back (every row attending over 192 tokens) with the word at 1
+  (write) and at 0 (skip);
+* the decode loop (decode_bench's ms/step, 128 + 128 tokens, greedy), as it runs (skip) and with
+  every step told that it reads its logits (write), as a step with a row at a temperature is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import sys
+
+import torch
+
+from benchmarks import decode_bench
+from shardline import step_tuning
+
+
+def replay_ms(pipeline, batch: int, wanted: int, replays: int = 50) -> float:
+    graph = decode_bench.loaded_graph(pipeline, batch, capture=True)
+    runner = pipeline.engines[0].graphs
+    key = runner.buckets(batch, 192)
+    runner.buffer[runner._layout(*key).logits_at] = wanted
+    return step_tuning.replay_ms(graph, replays)
+
+
+def decode_ms(pipeline, batch: int, write: bool) -> float:
+    engine = pipeline.engines[0]
+    prepare = type(engine)._prepare
+
+    def told_to_write(batch_):
+        step = prepare(engine, batch_)
+        step.needs_logits = True
+        return step
+
+    if write:
+        engine._prepare = told_to_write
+    try:
+        return decode_bench.decode_ms_per_step(pipeline, batch)
+    finally:
+        engine.__dict__.pop("_prepare", None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--gemm-config", help="the engine's tune-gemm table (the head must fold: a split-K entry)")
+    ap.add_argument("--rounds", type=int, default=4)
+    args = ap.parse_args()
+    if args.batch < 2 or args.rounds < 1:
+        ap.error(f"--batch {args.batch}, --rounds {args.rounds}: a batch >= 2 (one row takes the GEMV, which "
+                 "writes its logits) and rounds >= 1")
+    if not torch.cuda.is_available():
+        ap.error("logits_store_ab times a captured decode step on a CUDA GPU; none is visible")
+    decode_bench.GEMM_CONFIG = args.gemm_config
+    pipeline = decode_bench.build("llama3-8b", max_num_seqs=args.batch)
+    if not pipeline.engines[0].model.head_folded:
+        sys.exit("the head does not fold with this table (no split-K entry for it): nothing to skip")
+    print(f"{torch.cuda.get_device_name()}  {datetime.date.today().isoformat()}\n$ {' '.join(sys.argv)}")
+    decode_ms(pipeline, args.batch, False)  # compile, capture
+    times: dict[str, list[float]] = {k: [] for k in ("replay, write", "replay, skip", "decode, write", "decode, skip")}
+    for r in range(args.rounds):
+        order = (1, 0) if r % 2 == 0 else (0, 1)
+        for wanted in order:
+            times[f"replay, {'write' if wanted else 'skip'}"].append(replay_ms(pipeline, args.batch, wanted))
+        for write in (bool(w) for w in order):
+            times[f"decode, {'write' if write else 'skip'}"].append(decode_ms(pipeline, args.batch, write))
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.4f}" for k, v in times.items()), flush=True)
+    print(f"\nbatch {args.batch}, ms a step (median of {args.rounds} rounds, alternated; rounds listed)")
+    for k, v in times.items():
+        print(f"{k:<16} {statistics.median(v):.4f}   " + " ".join(f"{t:.4f}" for t in v))
+    for what in ("replay", "decode"):
+        d = statistics.median(times[f"{what}, write"]) - statistics.median(times[f"{what}, skip"])
+        print(f"{what}: skipping the logits saves {d * 1e3:.1f} us a step")
+
+
+if __name__ == "__main__":
+    main()
