@@ -1,6 +1,6 @@
 """Does skipping the head's logits in an all-greedy decode step pay? An A/B in one process.
 
-    python -m benchmarks.logits_store_ab [--batch 64] [--gemm-config T] [--rounds 4]
+    python -m benchmarks.logits_store_ab [--batch 64] [--gemm-config T] [--rounds 4] [--replay-rounds 12]
 
 A decode graph reads one word of its step, "logits wanted" (cuda_graphs.StepLayout): where it is
 0, a head that leaves the greedy ids from its epilogue (the split-K kernel, a table's choice at
@@ -8,7 +8,7 @@ A decode graph reads one word of its step, "logits wanted" (cuda_graphs.StepLayo
 same engine and the same captured graph both ways, alternated round by round:
 
 * the graph replayed back to back (every row attending over 192 tokens) with the word at 1
-  (write) and at 0 (skip);
+  (write) and at 0 (skip), 50 replays after 50 unmeasured ones, --replay-rounds times;
 * the decode loop (decode_bench's ms/step, 128 + 128 tokens, greedy), as it runs (skip) and with
   every step told that it reads its logits (write), as a step with a row at a temperature is.
 """
@@ -31,6 +31,7 @@ def replay_ms(pipeline, batch: int, wanted: int, replays: int = 50) -> float:
     runner = pipeline.engines[0].graphs
     key = runner.buckets(batch, 192)
     runner.buffer[runner._layout(*key).logits_at] = wanted
+    step_tuning.replay_ms(graph, replays)  # settle: the first replays after a decode run are slower
     return step_tuning.replay_ms(graph, replays)
 
 
@@ -55,11 +56,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--gemm-config", help="the engine's tune-gemm table (the head must fold: a split-K entry)")
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=4, help="decode loops of each kind")
+    ap.add_argument("--replay-rounds", type=int, default=12, help="replay timings of each kind")
     args = ap.parse_args()
-    if args.batch < 2 or args.rounds < 1:
-        ap.error(f"--batch {args.batch}, --rounds {args.rounds}: a batch >= 2 (one row takes the GEMV, which "
-                 "writes its logits) and rounds >= 1")
+    if args.batch < 2 or args.rounds < 1 or args.replay_rounds < 1:
+        ap.error(f"--batch {args.batch}, --rounds {args.rounds}, --replay-rounds {args.replay_rounds}: a batch >= 2 "
+                 "(one row takes the GEMV, which writes its logits) and rounds >= 1")
     if not torch.cuda.is_available():
         ap.error("logits_store_ab times a captured decode step on a CUDA GPU; none is visible")
     decode_bench.GEMM_CONFIG = args.gemm_config
@@ -69,14 +71,14 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}  {datetime.date.today().isoformat()}\n$ {' '.join(sys.argv)}")
     decode_ms(pipeline, args.batch, False)  # compile, capture
     times: dict[str, list[float]] = {k: [] for k in ("replay, write", "replay, skip", "decode, write", "decode, skip")}
-    for r in range(args.rounds):
+    for r in range(max(args.rounds, args.replay_rounds)):
         order = (1, 0) if r % 2 == 0 else (0, 1)
-        for wanted in order:
+        for wanted in order if r < args.replay_rounds else ():
             times[f"replay, {'write' if wanted else 'skip'}"].append(replay_ms(pipeline, args.batch, wanted))
-        for write in (bool(w) for w in order):
+        for write in (bool(w) for w in order) if r < args.rounds else ():
             times[f"decode, {'write' if write else 'skip'}"].append(decode_ms(pipeline, args.batch, write))
-        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.4f}" for k, v in times.items()), flush=True)
-    print(f"\nbatch {args.batch}, ms a step (median of {args.rounds} rounds, alternated; rounds listed)")
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.4f}" for k, v in times.items() if len(v) > r), flush=True)
+    print(f"\nbatch {args.batch}, ms a step (median of the rounds, each kind first in every other round; rounds listed)")
     for k, v in times.items():
         print(f"{k:<16} {statistics.median(v):.4f}   " + " ".join(f"{t:.4f}" for t in v))
     for what in ("replay", "decode"):
