@@ -78,12 +78,22 @@ def main() -> None:
         for write in (bool(w) for w in order) if r < args.rounds else ():
             times[f"decode, {'write' if write else 'skip'}"].append(decode_ms(pipeline, args.batch, write))
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.4f}" for k, v in times.items() if len(v) > r), flush=True)
-    print(f"\nbatch {args.batch}, ms a step (median of the rounds, each kind first in every other round; rounds listed)")
+    # The second timing of a round runs on a GPU the first has heated (~0.08 ms slower in call v3),
+    # so each kind goes first in every other round and the summary is the mean over whole pairs of
+    # rounds, in which each kind took each place equally often.
+    print(f"\nbatch {args.batch}, ms a step: the mean over pairs of rounds (each kind first in every other one)")
     for k, v in times.items():
-        print(f"{k:<16} {statistics.median(v):.4f}   " + " ".join(f"{t:.4f}" for t in v))
+        even = v[:len(v) // 2 * 2] or v
+        print(f"{k:<16} {statistics.fmean(even):.4f}   " + " ".join(f"{t:.4f}" for t in v))
     for what in ("replay", "decode"):
-        d = statistics.median(times[f"{what}, write"]) - statistics.median(times[f"{what}, skip"])
-        print(f"{what}: skipping the logits saves {d * 1e3:.1f} us a step")
+        w, s_ = (times[f"{what}, {kind}"] for kind in ("write", "skip"))
+        n = len(w) // 2 * 2 or len(w)
+        d = statistics.fmean(w[:n]) - statistics.fmean(s_[:n])
+        firsts = [a - b for i, (a, b) in enumerate(zip(w, s_)) if i % 2 == 0]  # write first
+        seconds = [a - b for i, (a, b) in enumerate(zip(w, s_)) if i % 2 == 1]  # skip first
+        print(f"{what}: skipping the logits saves {d * 1e3:.1f} us a step "
+              f"(write - skip, rounds with write first: {' '.join(f'{x * 1e3:+.0f}' for x in firsts)}; "
+              f"with skip first: {' '.join(f'{x * 1e3:+.0f}' for x in seconds)} us)")
 
 
 if __name__ == "__main__":
