@@ -345,7 +345,12 @@ class StageModel:
         if _gemv_norm(self.norm) and self.lm_head.uses_gemv(h):
             logits = self.lm_head.fused(h, self.norm.weight, self.norm.eps, residual, norm_bias=self.norm.bias)[0]
         else:
-            logits = self.lm_head(self.norm(h, residual)[0], out_dtype=torch.float32)
+            x = self.norm(h, residual)[0]
+            if greedy is not None and self.tp.size == 1 and self.lm_head.folds(x):
+                # The ids from the product's epilogue, as on the folded path, with no norm to fold.
+                ids = GreedyIds(greedy, self.cfg.vocab_size, meta.logits_wanted)
+                return self._logits(self.lm_head.fold(x, out_dtype=torch.float32, greedy=ids))
+            logits = self.lm_head(x, out_dtype=torch.float32)
         logits = self._logits(logits)
         if greedy is not None:
             argmax_rows(logits, out=greedy)

@@ -118,12 +118,16 @@ def test_greedy_64_steps_bf16_are_reference_greedy_choices(models):
                                                                                            ignore_eos=True)))
 
 
-def _gemm_table(model_dir, path, dtype: torch.dtype, choice: dict) -> str:
-    """A `tune-gemm` table that sends every linear of the model, at up to 64 rows, to `choice`."""
+def _gemm_table(model_dir, path, dtype: torch.dtype, choice: dict, overrides: dict[str, dict] | None = None) -> str:
+    """A `tune-gemm` table that sends every linear of the model, at up to 64 rows, to `choice`, but
+    those named in `overrides` (and any other of the same shape) to theirs."""
     from shardline.gemm_tuning import GemmTable, key, linear_shapes
     from shardline.manifest import Manifest
-    shapes = linear_shapes(Manifest.read(model_dir).model).values()
-    GemmTable(torch.cuda.get_device_name(), {key(n, k, dtype, dtype): {64: choice} for n, k in shapes}).save(path)
+    shapes = linear_shapes(Manifest.read(model_dir).model)
+    entries = {key(n, k, dtype, dtype): {64: choice} for n, k in shapes.values()}
+    for name, other in (overrides or {}).items():
+        entries[key(*shapes[name], dtype, dtype)] = {64: other}
+    GemmTable(torch.cuda.get_device_name(), entries).save(path)
     return str(path)
 
 
@@ -236,21 +240,24 @@ def test_overlapped_graph_steps_give_the_eager_paths_tokens(one_stage, params):
     assert sum(graph and pending for graph, pending in steps) >= 16, "decode steps should replay graphs with pending rows"
 
 
-def test_a_folded_head_writes_the_logits_only_for_steps_that_draw(one_stage, tmp_path):
-    """Every linear on the split-K kernel, so the head leaves the greedy ids from its epilogue and
-    skips the logits in steps where every row is greedy. The rows drawn at a temperature stop
-    after 6 tokens and the greedy ones run on, so graph steps of both kinds follow each other: the
-    drawn rows must read this step's logits, not a stale buffer, and every row must get the eager
-    path's tokens on the same table."""
+@pytest.mark.parametrize("folded", [True, False], ids=["folded", "qkv-on-cublas"])
+def test_the_head_writes_the_logits_only_for_steps_that_draw(one_stage, tmp_path, folded):
+    """The head on the split-K kernel leaves the greedy ids from its epilogue and skips the logits
+    in steps where every row is greedy: with every linear there (the layers fold their norms, and
+    the head the final one), or with qkv on cuBLAS (no layer folds; the head multiplies the
+    normed rows). The rows drawn at a temperature stop after 6 tokens and the greedy ones run
+    on, so graph steps of both kinds follow each other: the drawn rows must read this step's
+    logits, not a stale buffer, and every row must get the eager path's tokens on the same table."""
     table = _gemm_table(one_stage, tmp_path / "gemm.json", torch.float32, {"impl": "triton", "config": dict(
-        BLOCK_N=32, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=3)})
+        BLOCK_N=32, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=3)},
+        overrides=None if folded else {"qkv_proj": {"impl": "cublas", "config": None}})
     config = dataclasses.replace(GPU, gemm_config=table)
     params = [SamplingParams(max_tokens=6, temperature=0.9, seed=i, ignore_eos=True) if i % 2 else
               SamplingParams(max_tokens=20, ignore_eos=True) for i in range(len(PROMPTS))]
     want = LocalPipeline(one_stage, config=eager_twin(config)).generate(PROMPTS, params)
     fast = LocalPipeline(one_stage, config=config)
     engine = fast.engines[0]
-    assert engine.model.head_folded, "the table should fold the head, so that its epilogue leaves the ids"
+    assert engine.model.head_folded == folded, "the table should (not) fold the layers and the head"
     wanted = []
     prepare = engine._prepare
     engine._prepare = lambda batch: wanted.append(prepare(batch)) or wanted[-1]
