@@ -70,7 +70,8 @@ def main() -> None:
     model = pipeline.engines[0].model
     rows = torch.empty(args.batch, model.cfg.hidden_size, dtype=model.dtype, device="cuda")
     if not model.lm_head.folds(rows):
-        sys.exit(f"at {args.batch} rows this table runs the head on cuBLAS, which writes its logits: nothing to skip")
+        sys.exit(f"at {args.batch} rows this table runs the head on cuBLAS, which writes its logits: "
+                 "nothing to skip")
     print(f"{torch.cuda.get_device_name()}  {datetime.date.today().isoformat()}\n$ {' '.join(sys.argv)}")
     decode_ms(pipeline, args.batch, False)  # compile, capture
     times: dict[str, list[float]] = {k: [] for k in ("replay, write", "replay, skip", "decode, write", "decode, skip")}

@@ -121,7 +121,8 @@ class GreedyIds:
     `store` (int64 [1] on the product's device, or None): where it holds 0, no one reads this
     call's logits (a decode graph's step in which every row is greedy, cuda_graphs.py), and a
     product that leaves the ids from its epilogue skips writing them: the returned logits are then
-    whatever the buffer held. Products that take the ids from the logits write them whatever it holds."""
+    whatever the buffer held. Products that take the ids from the logits write them whatever it
+    holds."""
 
     out: torch.Tensor
     cols: int

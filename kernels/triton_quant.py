@@ -354,7 +354,8 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     product and of the residual add after it (quant.small_m_linear); with `residual` the result is
     (the stream's next value, its partial sums of squares [N tiles, M]). `greedy` (a
     quant.GreedyIds): each row's argmax, from the epilogue's per-tile maxima and a pick kernel (and
-    the logits stored only where its `store` says so). `gelu`: the output is gelu_tanh(the product + bias), in the epilogue."""
+    the logits stored only where its `store` says so). `gelu`: the output is gelu_tanh(the product
+    + bias), in the epilogue."""
     assert out_dtype is None or not glu, "SwiGLU's output is x's dtype"
     from ._dispatch import sm_count
     N, K = w.shape

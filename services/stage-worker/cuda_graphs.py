@@ -18,7 +18,9 @@ A last stage's graph ends with the greedy argmax of its logits, written to the p
 `sampled`. The engine replays only steps in which every row samples, so row j there is the
 step's j-th sampled id; where rows sample at a temperature, the engine writes the drawn ids over
 it. In a step where every row is greedy nothing reads the logits, and a head whose epilogue leaves
-the ids skips writing them (64 x 128,256 fp32 values, 33 MB a step for Llama-3 at 64 rows). On a one-stage model the graph also starts from it: a row whose token the previous step is
+the ids skips writing them (64 x 128,256 fp32 values, 33 MB a step for Llama-3 at 64 rows).
+
+On a one-stage model the graph also starts from `sampled`: a row whose token the previous step is
 still sampling (overlap.py) has `src` = that token's row in `sampled`, and `src` = -1 takes the
 host id. A greedy decode step is then one copy up, one replay and one copy of the ids down.
 """

@@ -355,7 +355,8 @@ def test_split_k_head_skips_the_logits_nobody_reads(device, monkeypatch, split_k
     norm = RowNorm(x.float().pow(2).sum(-1)[None].contiguous(), 1e-5)
     cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=split_k, num_warps=4, num_stages=3)
     reference = torch.full((M,), -1, dtype=torch.int64, device=device)
-    logits = small_m_linear(x, w, None, None, cfg, out_dtype=torch.float32, norm=norm, greedy=GreedyIds(reference, cols))
+    logits = small_m_linear(x, w, None, None, cfg, out_dtype=torch.float32, norm=norm,
+                            greedy=GreedyIds(reference, cols))
     real_empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(-7))  # what the buffer held
     for wanted in (0, 1):

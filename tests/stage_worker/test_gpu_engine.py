@@ -118,7 +118,8 @@ def test_greedy_64_steps_bf16_are_reference_greedy_choices(models):
                                                                                            ignore_eos=True)))
 
 
-def _gemm_table(model_dir, path, dtype: torch.dtype, choice: dict, overrides: dict[str, dict] | None = None) -> str:
+def _gemm_table(model_dir, path, dtype: torch.dtype, choice: dict,
+                overrides: dict[str, dict] | None = None) -> str:
     """A `tune-gemm` table that sends every linear of the model, at up to 64 rows, to `choice`, but
     those named in `overrides` (and any other of the same shape) to theirs."""
     from shardline.gemm_tuning import GemmTable, key, linear_shapes
