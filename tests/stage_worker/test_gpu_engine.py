@@ -258,7 +258,9 @@ def test_the_head_writes_the_logits_only_for_steps_that_draw(one_stage, tmp_path
     want = LocalPipeline(one_stage, config=eager_twin(config)).generate(PROMPTS, params)
     fast = LocalPipeline(one_stage, config=config)
     engine = fast.engines[0]
-    assert engine.model.head_folded == folded, "the table should (not) fold the layers and the head"
+    rows = torch.empty(4, engine.model.cfg.hidden_size, dtype=engine.model.dtype, device="cuda")
+    assert engine.model.layers[-1].folds(rows) == folded, "the table should (not) fold the layers' norms"
+    assert engine.model.lm_head.folds(rows), "the head should run the split-K kernel, whose epilogue leaves the ids"
     wanted = []
     prepare = engine._prepare
     engine._prepare = lambda batch: wanted.append(prepare(batch)) or wanted[-1]
