@@ -185,7 +185,8 @@ def main() -> None:
     ap.add_argument("--generate", action="store_true", help="profile whole generate() steps, host included")
     ap.add_argument("--timeline", action="store_true", help="replay the captured decode graph; kernels on the critical path")
     ap.add_argument("--contexts", help="with --timeline: comma-separated contexts (at least two) to fit each "
-                    "kernel's critical time against, e.g. 1,128,256; contexts in one graph bucket (up to 256) share the attention's splits")
+                    "kernel's critical time against, e.g. 1,128,256; contexts in one graph bucket (up to 256) "
+                    "share the attention's splits")
     ap.add_argument("--trace", default="decode_trace.json")
     ap.add_argument("--gemm-config", help="use `shardline tune-gemm` choices, as decode_bench.py does")
     ap.add_argument("--attention-config", default="{}",
