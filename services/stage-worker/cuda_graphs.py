@@ -10,8 +10,8 @@ block-table width, so decode attention's split-K fits the real contexts, not the
 Every graph reads its step from one flat int64 device buffer, laid out per graph as
 [ids b | src b | positions b | slots b | seq_lens b int32 | block table b x width int32 |
 logits wanted 1]. The host fills the same layout in a pinned staging slot and sends it with one
-asynchronous copy, so launching a step never waits for the one before it (staging.py). Only the first stage's token ids
-or another stage's hidden rows, and that metadata, change between replays.
+asynchronous copy, so launching a step never waits for the one before it (staging.py). Only the
+first stage's token ids or another stage's hidden rows, and that metadata, change between replays.
 
 A last stage's graph ends with the greedy argmax of its logits, written to the persistent buffer
 `sampled`. The engine replays only steps in which every row samples, so row j there is the
