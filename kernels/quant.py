@@ -208,6 +208,43 @@ def ring_fits(x: torch.Tensor, w: torch.Tensor) -> str | None:
     return None
 
 
+# What a tune-gemm table's split-K entry (impl "triton") may hold: the tile, the K splits, Triton's
+# launch options and the kernel's switches (triton_quant._int8_linear_kernel). Without BLOCK_M the
+# kernel takes 16 rows a tile up to 16 rows, else 64; without SPLIT_K one split.
+SPLIT_K_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages", "TMA", "PREFETCH", "AHEAD",
+                "LATE")
+_TILE_SIDES = (16, 32, 64, 128, 256)
+
+
+def split_k_config(config: dict) -> dict:
+    """`config` (a tune-gemm table's entry for the split-K kernel) when the kernel can take it,
+    else a ValueError that names the key or value and what it takes, before Triton would fail to
+    compile it at the first step."""
+    unknown = set(config) - set(SPLIT_K_KEYS)
+    if unknown:
+        raise ValueError(f"split-K config keys {sorted(unknown)} unknown; it takes {', '.join(SPLIT_K_KEYS)}")
+    missing = [k for k in ("BLOCK_N", "BLOCK_K") if k not in config]
+    if missing:
+        raise ValueError(f"split-K config {config} lacks {', '.join(missing)}: the tile's weight rows and K columns")
+
+    def bad(name: str, ok: bool, takes: str) -> None:
+        if name in config and not (type(config[name]) in (int, bool) and ok):
+            raise ValueError(f"split-K config {name}={config[name]!r}: {takes}")
+
+    get = config.get
+    bad("BLOCK_M", get("BLOCK_M") in _TILE_SIDES, f"x rows a tile, one of {', '.join(map(str, _TILE_SIDES))}")
+    bad("BLOCK_N", get("BLOCK_N") in _TILE_SIDES, f"weight rows a tile, one of {', '.join(map(str, _TILE_SIDES))}")
+    bad("BLOCK_K", get("BLOCK_K") in _TILE_SIDES, f"K columns a tile, one of {', '.join(map(str, _TILE_SIDES))}")
+    bad("SPLIT_K", isinstance(get("SPLIT_K"), int) and get("SPLIT_K") >= 1, "the K splits, an integer >= 1")
+    bad("num_warps", get("num_warps") in (1, 2, 4, 8, 16), "one of 1, 2, 4, 8, 16")
+    bad("num_stages", isinstance(get("num_stages"), int) and get("num_stages") >= 1, "an integer >= 1")
+    for flag in ("TMA", "LATE"):
+        bad(flag, get(flag) in (0, 1), "0 or 1")
+    for ahead in ("PREFETCH", "AHEAD"):
+        bad(ahead, isinstance(get(ahead), int) and get(ahead) >= 0, "weight tiles asked of L2 ahead, an integer >= 0")
+    return config
+
+
 # 128 weight rows a program (64 + 64 with GLU), 128-column K tiles, three stages (144 KB of shared
 # memory: one program a multiprocessor), all of them requested before the PDL wait (EARLY, by
 # default STAGES).

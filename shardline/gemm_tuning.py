@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from shardline.config import ModelConfig
+from shardline.config import ConfigError, ModelConfig
 from shardline.kernels.gemv import GEMV_MAX_M
 
 log = logging.getLogger("shardline.gemm_tuning")
@@ -141,6 +141,12 @@ GEMV_FUSION = {"qkv_proj": (True, False), "o_proj": (False, False), "up_proj": (
                "down_proj": (False, False), "lm_head": (True, False)}
 
 
+TABLE_IMPLS = ("cublas", "triton", "ring", "streamk", "gemv")
+# triton_streamk.streamk_linear_triton's config: its tile, programs and launch options.
+STREAMK_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "PROGRAMS_PER_SM", "PROGRAMS", "PREFETCH",
+                "TMA")
+
+
 def key(n: int, k: int, w_dtype: torch.dtype, x_dtype: torch.dtype) -> str:
     return f"{n}x{k}:{str(w_dtype).removeprefix('torch.')}:{str(x_dtype).removeprefix('torch.')}"
 
@@ -165,18 +171,56 @@ class GemmTable:
         data = {"gpu": self.gpu, "entries": {k: {str(m): v for m, v in d.items()} for k, d in self.entries.items()}}
         Path(path).write_text(json.dumps(data, indent=1) + "\n")
 
+    def problems(self) -> list[str]:
+        """What a kernel could not take, one line an entry: an unknown implementation, or a split-K
+        or ring config its kernel refuses (quant.split_k_config, quant.ring_config), or keys the
+        stream-K kernel does not know. The GEMV checks its tiles where it runs (cuda_gemv)."""
+        from shardline.kernels.quant import ring_config, split_k_config
+        out = []
+        for k, by_m in self.entries.items():
+            for m, entry in sorted(by_m.items()):
+                where = f"entry {k} at {m} rows"
+                impl = entry.get("impl") if isinstance(entry, dict) else None
+                config = entry.get("config") if isinstance(entry, dict) else None
+                if impl not in TABLE_IMPLS:
+                    out.append(f"{where}: impl {impl!r} unknown; one of {', '.join(TABLE_IMPLS)}")
+                elif config is not None and not isinstance(config, dict):
+                    out.append(f"{where}: config {config!r} is not an object of keys")
+                elif impl == "streamk" and set(config or {}) - set(STREAMK_KEYS):
+                    out.append(f"{where}: stream-K config keys {sorted(set(config) - set(STREAMK_KEYS))} unknown; "
+                               f"it takes {', '.join(STREAMK_KEYS)}")
+                else:
+                    try:
+                        if impl == "triton" and config:
+                            split_k_config(config)
+                        elif impl == "ring":
+                            ring_config(config)
+                    except ValueError as e:
+                        out.append(f"{where}: {e}")
+        return out
+
     @classmethod
     def load(cls, path: str | Path, device: torch.device) -> "GemmTable | None":
-        """The table, or None (with a warning) when it is missing or was tuned on another GPU."""
+        """The table, or None (with a warning) when it is missing or was tuned on another GPU; a
+        ConfigError naming the file, the entry and the fix when a kernel could not take an entry
+        (at startup, not at the first step that runs it) or the file is no table."""
         p = Path(path)
         if not p.is_file():
             log.warning("GEMM config %s not found; using default GEMM choices (run `shardline tune-gemm`)", p)
             return None
-        table = cls.read(p)
+        try:
+            table = cls.read(p)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError is a ValueError
+            raise ConfigError(f"GEMM config {p} is not a `shardline tune-gemm` table ({type(e).__name__}: {e}); "
+                              "re-run `shardline tune-gemm --out` or leave the GEMM config out") from None
         gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         if table.gpu != gpu:
             log.warning("GEMM config %s was tuned on %r, this is %r; using default GEMM choices", p, table.gpu, gpu)
             return None
+        problems = table.problems()
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ConfigError(f"GEMM config {p}: {problems[0]}{more}; fix the entry or re-run `shardline tune-gemm`")
         return table
 
     @classmethod

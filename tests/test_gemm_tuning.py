@@ -10,14 +10,15 @@ import pytest
 import torch
 
 from shardline.gemm_tuning import GemmTable, key, linear_shapes, tune
-from shardline.config import ModelConfig
+from shardline.config import ConfigError, ModelConfig
 from shardline.model.random_weights import LLAMA3_8B
 
 
 def table() -> GemmTable:
     t = GemmTable("cpu")
     k = key(4096, 4096, torch.bfloat16, torch.bfloat16)
-    t.entries[k] = {1: {"impl": "triton", "config": {"SPLIT_K": 8}}, 64: {"impl": "cublas", "config": None}}
+    t.entries[k] = {1: {"impl": "triton", "config": {"BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 8}},
+                    64: {"impl": "cublas", "config": None}}
     return t
 
 
@@ -49,6 +50,50 @@ def test_round_trip_and_fallbacks(tmp_path, caplog):
         assert GemmTable.load(path, torch.device("cpu")) is None
         assert GemmTable.load(tmp_path / "missing.json", torch.device("cpu")) is None
     assert "tuned on" in caplog.text and "not found" in caplog.text
+
+
+BAD_ENTRIES = [
+    ({"impl": "cutlass", "config": None}, "impl 'cutlass' unknown; one of cublas, triton, ring"),
+    ({"impl": "triton", "config": {"BLOKC_N": 64, "BLOCK_K": 128}}, "split-K config keys ['BLOKC_N'] unknown"),
+    ({"impl": "triton", "config": {"BLOCK_N": 100, "BLOCK_K": 128}}, "BLOCK_N=100: weight rows a tile, one of 16"),
+    ({"impl": "triton", "config": {"SPLIT_K": 8}}, "lacks BLOCK_N, BLOCK_K"),
+    ({"impl": "triton", "config": {"BLOCK_N": 64, "BLOCK_K": 128, "LATE": "yes"}}, "LATE='yes': 0 or 1"),
+    ({"impl": "triton", "config": {"BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 3}}, "num_warps=3: one of 1, 2, 4"),
+    ({"impl": "triton", "config": {"BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 0}}, "SPLIT_K=0: the K splits"),
+    ({"impl": "ring", "config": {"BLOCK_N": 64, "STAGE": 4}}, "ring GEMM config keys ['STAGE'] unknown"),
+    ({"impl": "streamk", "config": {"BLOCK_N": 64, "SPLITS": 2}}, "stream-K config keys ['SPLITS'] unknown"),
+    ({"impl": "triton", "config": [64, 128]}, "config [64, 128] is not an object of keys"),
+]
+
+
+@pytest.mark.parametrize("entry,names", BAD_ENTRIES, ids=[n.split(":")[0][:24] for _, n in BAD_ENTRIES])
+def test_a_table_entry_no_kernel_takes_fails_at_load_naming_it(tmp_path, entry, names):
+    """A hand-edited or stale table fails when the engine loads it, with the file, the entry and
+    the fix, not with Triton's compile error (or a KeyError) at the first step that runs it."""
+    t = table()
+    t.entries[key(4096, 14336, torch.bfloat16, torch.bfloat16)] = {16: entry}
+    path = tmp_path / "gemm.json"
+    t.save(path)
+    with pytest.raises(ConfigError) as e:
+        GemmTable.load(path, torch.device("cpu"))
+    message = str(e.value)
+    assert str(path) in message and "entry 4096x14336:bfloat16:bfloat16 at 16 rows" in message, message
+    assert names in message and "re-run `shardline tune-gemm`" in message, message
+
+
+def test_a_file_that_is_no_table_fails_at_load_naming_it(tmp_path):
+    for text in ("{not json", '{"gpu": "cpu"}', '{"gpu": "cpu", "entries": {"4096x4096:bfloat16:bfloat16": {"x": {}}}}'):
+        path = tmp_path / "gemm.json"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match="is not a `shardline tune-gemm` table"):
+            GemmTable.load(path, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("name", ["gemm-h200-decode.json"])
+def test_the_committed_tables_pass_the_kernels_checks(name):
+    """The tables the README and the benchmarks point the engine at load without a problem."""
+    path = Path(__file__).parent.parent / "benchmarks" / "results" / name
+    assert GemmTable.read(path).problems() == []
 
 
 def test_linear_shapes_follow_the_tp_split():
