@@ -202,25 +202,32 @@ class GemmTable:
     @classmethod
     def load(cls, path: str | Path, device: torch.device) -> "GemmTable | None":
         """The table, or None (with a warning) when it is missing or was tuned on another GPU; a
-        ConfigError naming the file, the entry and the fix when a kernel could not take an entry
-        (at startup, not at the first step that runs it) or the file is no table."""
+        ConfigError (`checked`) when it is no table or a kernel could not take an entry: at
+        startup, not at the first step that runs it."""
         p = Path(path)
         if not p.is_file():
             log.warning("GEMM config %s not found; using default GEMM choices (run `shardline tune-gemm`)", p)
             return None
-        try:
-            table = cls.read(p)
-        except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError is a ValueError
-            raise ConfigError(f"GEMM config {p} is not a `shardline tune-gemm` table ({type(e).__name__}: {e}); "
-                              "re-run `shardline tune-gemm --out` or leave the GEMM config out") from None
+        table = cls.checked(p)
         gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         if table.gpu != gpu:
             log.warning("GEMM config %s was tuned on %r, this is %r; using default GEMM choices", p, table.gpu, gpu)
             return None
+        return table
+
+    @classmethod
+    def checked(cls, path: str | Path) -> "GemmTable":
+        """The table in the file, or a ConfigError naming the file, the first entry no kernel takes
+        (`problems`) and the fix, or saying that the file is no table."""
+        try:
+            table = cls.read(path)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError is a ValueError
+            raise ConfigError(f"GEMM config {path} is not a `shardline tune-gemm` table ({type(e).__name__}: {e}); "
+                              "re-run `shardline tune-gemm --out` or leave the GEMM config out") from None
         problems = table.problems()
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise ConfigError(f"GEMM config {p}: {problems[0]}{more}; fix the entry or re-run `shardline tune-gemm`")
+            raise ConfigError(f"GEMM config {path}: {problems[0]}{more}; fix the entry or re-run `shardline tune-gemm`")
         return table
 
     @classmethod
@@ -420,18 +427,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"shardline tune-gemm: error: --batches {args.batches!r}: give row counts >= 1, comma-separated, "
               "e.g. --batches 1,16,32,64,256", file=sys.stderr)
         return 2
+    out = Path(args.out)
+    try:  # an existing file takes the new entries (one file can hold several models' shapes)
+        if out.is_file():
+            GemmTable.checked(out)
+    except ConfigError as e:
+        print(f"shardline tune-gemm: error: --out {out} exists, and the new entries would be merged into it: {e}; "
+              "or give another --out", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("shardline tune-gemm: error: needs a CUDA GPU; the file it writes is per GPU model", file=sys.stderr)
         return 2
+    old = GemmTable.load(out, torch.device("cuda")) if out.is_file() else None
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     table, report = tune(linear_shapes(cfg, tp), batches, dtype, quantization, torch.device("cuda"),
                          quantized_names={"qkv_proj", "o_proj", "up_proj", "down_proj"})
-    out = Path(args.out)
-    if out.is_file():  # merge: one file can hold several models' shapes
-        old = GemmTable.load(out, torch.device("cuda"))
-        if old is not None:
-            for k, d in old.entries.items():
-                table.entries.setdefault(k, {}).update({m: v for m, v in d.items() if m not in table.entries.get(k, {})})
+    if old is not None:
+        for k, d in old.entries.items():
+            table.entries.setdefault(k, {}).update({m: v for m, v in d.items() if m not in table.entries.get(k, {})})
     table.save(out)
     if args.in_step:
         small = [b for b in batches if b <= step_tuning.IN_STEP_MAX_M]

@@ -146,3 +146,16 @@ def test_tune_gemm_names_malformed_batches(tmp_path):
         out = tune_gemm("--shape", "llama3-8b", "--batches", batches, "--out", str(tmp_path / "t.json"))
         assert out.returncode == 2 and "--batches" in out.stderr and "e.g. --batches" in out.stderr, (batches, out.stderr)
     assert not (tmp_path / "t.json").exists()
+
+
+def test_tune_gemm_refuses_an_out_file_it_would_merge_into_that_is_no_good_table(tmp_path):
+    """An existing --out takes the new entries. One that is no table, or holds an entry no kernel
+    takes, is named before any tuning, and left as it was."""
+    for text, says in (("{not json", "is not a `shardline tune-gemm` table"),
+                       ('{"gpu": "NVIDIA H200", "entries": {"4096x4096:bfloat16:bfloat16": '
+                        '{"64": {"impl": "triton", "config": {"BLOCK_N": 100, "BLOCK_K": 128}}}}}', "BLOCK_N=100")):
+        path = tmp_path / "t.json"
+        path.write_text(text)
+        out = tune_gemm("--shape", "llama3-8b", "--out", str(path))
+        assert out.returncode == 2 and f"--out {path} exists" in out.stderr and says in out.stderr, out.stderr
+        assert path.read_text() == text
