@@ -89,6 +89,21 @@ def test_a_file_that_is_no_table_fails_at_load_naming_it(tmp_path):
             GemmTable.load(path, torch.device("cpu"))
 
 
+def test_every_candidate_tune_gemm_writes_passes_the_checks():
+    """The checks a table gets at load hold for whatever `tune-gemm` itself may write."""
+    pytest.importorskip("triton", reason="the stream-K kernel's default tile comes from its Triton module")
+    from shardline.gemm_tuning import RING_CONFIGS, STREAMK_KEYS, TRITON_CONFIGS, TRITON_CONFIGS_WIDE
+    from shardline.kernels.quant import ring_config, split_k_config
+    from shardline.kernels.triton_streamk import default_config
+    for c in TRITON_CONFIGS + TRITON_CONFIGS_WIDE:
+        for twin in (c, dict(c, TMA=1), dict(c, TMA=1, LATE=1)):
+            split_k_config(twin)
+    for c in RING_CONFIGS:
+        ring_config(dict(c, LATE=1))
+    for m in (16, 32, 64):
+        assert set(dict(default_config(m, False), TMA=1)) <= set(STREAMK_KEYS)
+
+
 @pytest.mark.parametrize("name", ["gemm-h200-decode.json"])
 def test_the_committed_tables_pass_the_kernels_checks(name):
     """The tables the README and the benchmarks point the engine at load without a problem."""
