@@ -148,10 +148,10 @@ def decode_ms_per_step(pipeline: LocalPipeline, batch: int, prompt: int = 128, n
 
 
 def loaded_graph(pipeline: LocalPipeline, batch: int, context: int = 192,
-                 capture: bool = False) -> torch.cuda.CUDAGraph | None:
+                 capture: bool = False, needs_logits: bool = False) -> torch.cuda.CUDAGraph | None:
     """step_tuning.loaded_graph of the pipeline's engine: every row attends over `context` tokens
     (the mean of a 128 + 128 run)."""
-    return step_tuning.loaded_graph(pipeline.engines[0], batch, context, capture)
+    return step_tuning.loaded_graph(pipeline.engines[0], batch, context, capture, needs_logits)
 
 
 def graph_replay_ms(pipeline: LocalPipeline, batch: int, context: int = 192) -> float | None:

@@ -28,10 +28,7 @@ from shardline import step_tuning
 
 
 def replay_ms(pipeline, batch: int, wanted: int, replays: int = 50) -> float:
-    graph = decode_bench.loaded_graph(pipeline, batch, capture=True)
-    runner = pipeline.engines[0].graphs
-    key = runner.buckets(batch, 192)
-    runner.buffer[runner._layout(*key).logits_at] = wanted
+    graph = decode_bench.loaded_graph(pipeline, batch, capture=True, needs_logits=bool(wanted))
     step_tuning.replay_ms(graph, replays)  # settle: the first replays after a decode run are slower
     return step_tuning.replay_ms(graph, replays)
 

@@ -126,10 +126,12 @@ def random_engine(cfg: ModelConfig, dtype: str, quantization: str, max_num_seqs:
     return StageEngine(None, 0, single_rank(), config, manifest=manifest, weights=weights)
 
 
-def loaded_graph(engine, batch: int, context: int = 192, capture: bool = False) -> torch.cuda.CUDAGraph | None:
+def loaded_graph(engine, batch: int, context: int = 192, capture: bool = False,
+                 needs_logits: bool = False) -> torch.cuda.CUDAGraph | None:
     """The engine's captured decode graph of `batch` rows, its inputs loaded so that every row
     attends over `context` tokens in blocks of its own and writes nothing (slot -1); None when not
-    captured yet (with `capture`, it is captured now)."""
+    captured yet (with `capture`, it is captured now). `needs_logits`: the step says a row reads
+    its logits, as a step with a row drawn at a temperature does (else the head may skip them)."""
     from shardline.stage_worker.staging import HostStep
 
     graphs = engine.graphs
@@ -140,7 +142,8 @@ def loaded_graph(engine, batch: int, context: int = 192, capture: bool = False) 
     per_row = -(-context // engine.block_manager.block_size)
     num_blocks = engine.block_manager.num_blocks
     step = HostStep(positions=[context - 1] * batch, slots=[-1] * batch, seq_lens=[context] * batch,
-                    tables=[[(r * per_row + j) % num_blocks for j in range(per_row)] for r in range(batch)])
+                    tables=[[(r * per_row + j) % num_blocks for j in range(per_row)] for r in range(batch)],
+                    needs_logits=needs_logits)
     graphs.load(*key_, step)
     return graph
 

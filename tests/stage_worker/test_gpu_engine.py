@@ -263,7 +263,12 @@ def test_the_head_writes_the_logits_only_for_steps_that_draw(one_stage, tmp_path
     assert engine.model.lm_head.folds(rows), "the head should run the split-K kernel, whose epilogue leaves the ids"
     wanted = []
     prepare = engine._prepare
-    engine._prepare = lambda batch: wanted.append(prepare(batch)) or wanted[-1]
+
+    def recording(batch):
+        wanted.append(prepare(batch))
+        return wanted[-1]
+
+    engine._prepare = recording
     steps = trace_steps(engine)
     assert fast.generate(PROMPTS, params) == want, "a drawn row read logits the head did not write"
     graph_steps = [s.needs_logits for s, (graph, _) in zip(wanted, steps) if graph]
