@@ -2,6 +2,8 @@
 
 Cache layout, per layer: k_cache and v_cache are [num_blocks, block_size, num_kv_heads, head_dim].
 A token's slot is block_id * block_size + offset; `slot_mapping[t]` says where token t's k/v go.
+The cache holds the model's dtype, or fp8 (e4m3, `--kv-cache-dtype fp8`): k and v are rounded to it
+as they are written, saturating at +-448 with no scale, and widened to q's dtype as they are read.
 
 Batch layout: the T query tokens of B sequences are packed back to back. Sequence b owns query
 rows [query_start_loc[b], query_start_loc[b+1]) and, after this step, has seq_lens[b] tokens in
@@ -14,14 +16,25 @@ from __future__ import annotations
 import torch
 
 from ._dispatch import use_triton
+from .quant import FP8_MAX
+
+
+def as_cached(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x rounded to the cache's dtype; fp8 saturates at +-448 (the kernels' rounding too)."""
+    if dtype == torch.float8_e4m3fn:
+        return x.float().clamp(-FP8_MAX, FP8_MAX).to(dtype)
+    return x.to(dtype)
 
 
 def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
     """k, v [T, nkv, hd] -> cache slots (in place)."""
     nkv, hd = k.shape[1], k.shape[2]
-    k_cache.view(-1, nkv, hd).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, nkv, hd).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    for x, cache in ((k, k_cache), (v, v_cache)):
+        x = as_cached(x, cache.dtype)
+        if cache.element_size() == 1:  # index_copy_ has no fp8 kernel: copy the bytes
+            x, cache = x.view(torch.uint8), cache.view(torch.uint8)
+        cache.view(-1, nkv, hd).index_copy_(0, slot_mapping, x)
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

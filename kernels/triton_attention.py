@@ -25,7 +25,7 @@ import triton.language as tl
 from . import _dispatch
 from ._dispatch import next_pow2, pdl_args, sm_count
 from .triton_pdl import pdl_trigger_late, pdl_wait
-from .triton_rotary import load_rotated
+from .triton_rotary import as_cached, load_rotated
 
 _LOG2E = 1.4426950408889634
 
@@ -45,9 +45,9 @@ def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     mask = (heads < n_kv_heads) & (dims < HEAD_DIM)
     dst = slot * stride_c_slot + heads * stride_c_h + dims
     k = tl.load(k_ptr + t * stride_k_t + heads * stride_k_h + dims, mask=mask)
-    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(k_cache_ptr + dst, as_cached(k, k_cache_ptr), mask=mask)
     v = tl.load(v_ptr + t * stride_v_t + heads * stride_v_h + dims, mask=mask)
-    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, as_cached(v, v_cache_ptr), mask=mask)
 
 
 def write_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
@@ -217,10 +217,9 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     pdl_trigger_late(USE_PDL, LATE)
     if ROTARY:
         if (kv_len > 0) & (kv_len - 1 >= lo) & (kv_len - 1 < hi):  # this split holds the new token
-            cdt = k_cache_ptr.dtype.element_ty
-            k = load_rotated(k_new_ptr + row64 * stride_kn_t + kvh * stride_kn_h, d, dmask, cs_row,
-                              HALF, ROT).to(cdt)
-            v = tl.load(v_new_ptr + row64 * stride_vn_t + kvh * stride_vn_h + d, mask=dmask).to(cdt)
+            k = as_cached(load_rotated(k_new_ptr + row64 * stride_kn_t + kvh * stride_kn_h, d, dmask, cs_row,
+                                       HALF, ROT), k_cache_ptr)
+            v = as_cached(tl.load(v_new_ptr + row64 * stride_vn_t + kvh * stride_vn_h + d, mask=dmask), v_cache_ptr)
             slot = tl.load(slot_ptr + row).to(tl.int64)
             if slot >= 0:  # padding rows of a captured batch write nowhere
                 blk, off = slot // BLOCK_SIZE, slot % BLOCK_SIZE

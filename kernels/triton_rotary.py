@@ -38,15 +38,26 @@ def load_rotated(base, d, mask, cs_row, HALF: tl.constexpr, ROT: tl.constexpr):
 
 
 @triton.jit
+def as_cached(x, cache_ptr):
+    """x in the element type of `cache_ptr`, a KV cache: fp8 (e4m3) saturates at +-448, as
+    attention.as_cached does (a bare cast leaves out-of-range values to the backend)."""
+    ty = cache_ptr.dtype.element_ty
+    if ty == tl.float8e4nv:
+        return tl.clamp(x.to(tl.float32), -448.0, 448.0).to(ty)
+    return x.to(ty)
+
+
+@triton.jit
 def _rotate_heads(src_ptr, dst_ptr, stride_src_h, stride_dst_h, n_heads, cs_row,
                   HALF: tl.constexpr, ROT: tl.constexpr, HEAD_DIM: tl.constexpr,
                   HEADS_P2: tl.constexpr, HEAD_DIM_P2: tl.constexpr):
-    """src/dst point at one token's head 0; heads are stride_*_h apart, dims contiguous."""
+    """src/dst point at one token's head 0; heads are stride_*_h apart, dims contiguous. dst is
+    q's output or a KV cache (of any dtype as_cached takes)."""
     heads = tl.arange(0, HEADS_P2)[:, None]
     dims = tl.arange(0, HEAD_DIM_P2)[None, :]
     mask = (heads < n_heads) & (dims < HEAD_DIM)
     x = load_rotated(src_ptr + heads * stride_src_h, dims, mask, cs_row, HALF, ROT)
-    tl.store(dst_ptr + heads * stride_dst_h + dims, x.to(dst_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst_ptr + heads * stride_dst_h + dims, as_cached(x, dst_ptr), mask=mask)
 
 
 @triton.jit
@@ -72,7 +83,7 @@ def _rotary_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, q_out_ptr, k_out_p
             mask = (heads < n_kv_heads) & (dims < HEAD_DIM)
             v = tl.load(v_ptr + t * stride_v_t + heads * stride_v_h + dims, mask=mask)
             tl.store(v_cache_ptr + slot * stride_c_slot + heads * stride_c_h + dims,
-                     v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+                     as_cached(v, v_cache_ptr), mask=mask)
     else:
         _rotate_heads(k_ptr + t * stride_k_t, k_out_ptr + t * stride_ko_t, stride_k_h, stride_ko_h,
                       n_kv_heads, cs_row, HALF, 2 * HALF, HEAD_DIM, KV_HEADS_P2, HEAD_DIM_P2)

@@ -263,6 +263,9 @@ def check_device(device: str, *, here: bool = False) -> None:
         raise ConfigError(f"--device {device} but {count} CUDA GPU(s) are visible: cuda:0..cuda:{count - 1}")
 
 
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How a stage runs: cache geometry, batch limits, device. Validated on construction."""
@@ -286,6 +289,10 @@ class EngineConfig:
     # overlap.py): on the H200 it took batch 64 from 5.88 to 5.38 ms/step (docs/benchmarks.md).
     overlap_decode: bool = True
     gemm_config: str | None = None  # file written by `shardline tune-gemm` (GPU only)
+    # The KV cache's element type (KV_CACHE_DTYPES): "auto" keeps the model's; "fp8" stores e4m3,
+    # half a bf16 cache's bytes, so twice the tokens fit and decode reads half the K/V. It keeps no
+    # scale: values round to e4m3 and saturate at +-448 (kernels/attention.py).
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -298,4 +305,7 @@ class EngineConfig:
             raise ConfigError(f"max_num_seqs {self.max_num_seqs} must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ConfigError(f"max_num_batched_tokens {self.max_num_batched_tokens} must be >= 1")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"--kv-cache-dtype {self.kv_cache_dtype!r} is not a KV-cache type; use auto (the "
+                              f"model's dtype) or fp8 (e4m3, half the bytes)")
         check_device(self.device)

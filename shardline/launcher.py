@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from shardline.config import ConfigError, check_device, check_port
+from shardline.config import KV_CACHE_DTYPES, ConfigError, check_device, check_port
 from shardline.manifest import Manifest, is_converted
 
 
@@ -119,6 +119,7 @@ class ClusterConfig:
     random_shape: str | None = None
     max_model_len: int | None = None
     gpu_memory_fraction: float = 0.9
+    kv_cache_dtype: str = "auto"  # --kv-cache-dtype of every stage worker: auto or fp8
     drain_timeout_s: float = 30.0  # how long a stage worker finishes its sequences after SIGTERM
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -137,6 +138,8 @@ class ClusterConfig:
                 check_port(f"--http-port (+ {self.gateways - 1} for --gateways {self.gateways})",
                            self.http_port + self.gateways - 1)
         check_device(self.device, here=True)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: use one of {', '.join(KV_CACHE_DTYPES)}")
 
 
 class LocalCluster:
@@ -240,6 +243,8 @@ class LocalCluster:
             common += ["--max-model-len", str(c.max_model_len)]
         if c.num_blocks:
             common += ["--num-blocks", str(c.num_blocks)]
+        if c.kv_cache_dtype != "auto":
+            common += ["--kv-cache-dtype", c.kv_cache_dtype]
         if c.tp > 1:
             common += ["--tp-init", f"tcp://127.0.0.1:{free_port()}"]
         rank0 = self._spawn(f"{name}-rank0", [sys.executable, "-m", "shardline.stage_worker", *common, "--tp-rank", "0",
@@ -374,6 +379,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-port", type=int, default=50051)
     p.add_argument("--http-port", type=int)
     p.add_argument("--redis-url", help="use this Redis instead of starting one")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                   help="the stage workers' KV cache: auto (the model's dtype) or fp8 (e4m3, twice the tokens)")
     p.add_argument("--workdir", help="keep models and logs here (default: a temp dir removed on exit)")
 
 
@@ -384,7 +391,8 @@ def run(args: argparse.Namespace) -> int:
                                dtype=args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32"),
                                device=args.device, grpc_port=args.grpc_port, http_port=args.http_port,
                                redis_url=args.redis_url, workdir=args.workdir,
-                               num_blocks=None if args.device.startswith("cuda") else 256)
+                               num_blocks=None if args.device.startswith("cuda") else 256,
+                               kv_cache_dtype=args.kv_cache_dtype)
     except ConfigError as e:
         print(f"shardline up: error: {e}", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's dtype) or fp8 (e4m3)")
     p.add_argument("--json", action="store_true", help='print {"token_ids": [...]}')
 
 
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                   seed=args.seed, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
         check_device(args.device, here=True)
-        config = EngineConfig(device=args.device)
+        config = EngineConfig(device=args.device, kv_cache_dtype=args.kv_cache_dtype)
     except (ConfigError, ValueError) as e:
         print(f"shardline generate: error: {e}", file=sys.stderr)
         return 2

@@ -37,7 +37,7 @@ from shardline.sampling import SamplingParams
 from shardline.stage_worker.batch import SequenceChunk, StageBatch
 from shardline.stage_worker.block_manager import BlockManager, OutOfBlocks
 from shardline.stage_worker.cuda_graphs import CudaGraphRunner, write_src
-from shardline.stage_worker.kv_cache import KVCache, plan_num_blocks
+from shardline.stage_worker.kv_cache import KVCache, kv_cache_dtype, plan_num_blocks
 from shardline.stage_worker.staging import DeferredTokens, HostStep, PinnedStaging, TokenReadback
 from shardline.wire import DTYPE_NAMES, DTYPES_BY_NAME, MODEL_DTYPES
 
@@ -100,16 +100,18 @@ class StageEngine:
                                 "rows run them on a larger bucket's entries; re-run `shardline tune-gemm "
                                 "--batches ...` covering every bucket for every linear", config.gemm_config, gaps)
         num_kv_heads = cfg.num_kv_heads // tp.size
+        self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device)
         num_blocks = config.num_blocks or plan_num_blocks(
-            int(self._kv_budget() * kv_share), self.spec.num_layers, config.block_size, num_kv_heads, cfg.head_dim, self.dtype)
+            int(self._kv_budget() * kv_share), self.spec.num_layers, config.block_size, num_kv_heads, cfg.head_dim,
+            self.kv_dtype)
         # Every rank runs the same block-manager calls, so every rank needs the same block count.
         num_blocks = tp.min_int(num_blocks)
         self.kv_cache = KVCache(self.spec.num_layers, num_blocks, config.block_size, num_kv_heads,
-                                cfg.head_dim, self.dtype, self.device)
+                                cfg.head_dim, self.kv_dtype, self.device)
         self.kv_layers = self.kv_cache.layers()
-        log.info("stage %d rank %d: KV cache of %d blocks x %d tokens = %d tokens (%d sequences of 2,048)",
-                 stage, tp.rank, num_blocks, config.block_size, num_blocks * config.block_size,
-                 num_blocks * config.block_size // 2048)
+        log.info("stage %d rank %d: KV cache (%s) of %d blocks x %d tokens = %d tokens (%d sequences of 2,048)",
+                 stage, tp.rank, str(self.kv_dtype).removeprefix("torch."), num_blocks, config.block_size,
+                 num_blocks * config.block_size, num_blocks * config.block_size // 2048)
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.graphs = None
         if self.device.type == "cuda" and config.use_cuda_graphs and not TRITON_DISABLED:

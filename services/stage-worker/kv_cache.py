@@ -7,6 +7,17 @@ import torch
 from shardline.config import ConfigError
 
 
+def kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The cache's element type for EngineConfig.kv_cache_dtype `name` ("auto" or "fp8")."""
+    if name == "auto":
+        return model_dtype
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise ConfigError(f"--kv-cache-dtype fp8 needs a GPU that converts to e4m3 (compute capability 8.9 or "
+                          f"later: Ada, Hopper, Blackwell); {device} is {major}.{minor}: use --kv-cache-dtype auto")
+    return torch.float8_e4m3fn
+
+
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                     dtype: torch.dtype) -> int:
     """k and v for every layer of the stage (this rank's KV heads only)."""

@@ -368,6 +368,9 @@ def parse_args(argv: list[str] | None = None) -> StageWorkerConfig:
     p.add_argument("--lazy-graphs", action="store_true",
                    help="capture each decode CUDA graph on first use, not all before reporting ready")
     p.add_argument("--gemm-config", help="GEMM choices from `shardline tune-gemm` (GPU)")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   help="auto: the model's dtype; fp8: e4m3, twice the tokens in the same memory (no scale: "
+                        "values saturate at +-448)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--orphan-timeout", type=float, default=300.0,
                    help="stages > 0: free the KV of sequences untouched this many seconds (stage 0 died)")
@@ -376,7 +379,7 @@ def parse_args(argv: list[str] | None = None) -> StageWorkerConfig:
     engine = EngineConfig(device=a.device, num_blocks=a.num_blocks, block_size=a.block_size,
                           gpu_memory_fraction=a.gpu_memory_fraction, max_model_len=a.max_model_len,
                           max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, gemm_config=a.gemm_config,
-                          capture_graphs_at_start=not a.lazy_graphs)
+                          capture_graphs_at_start=not a.lazy_graphs, kv_cache_dtype=a.kv_cache_dtype)
     return StageWorkerConfig(model_dir=a.model, random_shape=a.random_shape, random_pp=a.random_pp,
                              random_dtype=a.random_dtype, stage=a.stage, host=a.host, port=a.port,
                              advertise_host=a.advertise_host, model_name=a.model_name, replica_id=a.replica_id,

@@ -22,7 +22,8 @@ VALUES = {
                                                                     "tpInitPort": 29611, "metricsPort": 9400,
                                                                     "numBlocks": 900, "maxNumSeqs": 64,
                                                                     "gemmConfig": "tables/gemm-h200.json",
-                                                                    "drainTimeoutSeconds": 45, "lazyGraphs": True},
+                                                                    "drainTimeoutSeconds": 45, "lazyGraphs": True,
+                                                                    "kvCacheDtype": "fp8"},
                      "model": {"path": "llama3-tp2-pp3", "name": "llama3", "maxModelLen": 4096},
                      "gateway": {"port": 50061, "httpPort": 8000, "metricsPort": 9300, "maxQueued": 64},
                      "tokenizer": {"port": 50072},
@@ -90,6 +91,7 @@ def test_every_container_parses_with_its_service_parser(name):
         assert (c.engine.num_blocks, c.engine.max_num_seqs, c.engine.max_model_len) == (
             s.get("numBlocks"), s["maxNumSeqs"], values["model"].get("maxModelLen"))
         assert c.engine.gpu_memory_fraction == s["gpuMemoryFraction"]
+        assert c.engine.kv_cache_dtype == s["kvCacheDtype"]
         assert c.engine.gemm_config == (f"/models/{s['gemmConfig']}" if s["gemmConfig"] else None)
         assert c.engine.capture_graphs_at_start is not s["lazyGraphs"]
         assert c.tp_init == (f"tcp://127.0.0.1:{s['tpInitPort']}" if tp > 1 else None)

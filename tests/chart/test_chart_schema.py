@@ -38,6 +38,8 @@ BAD_VALUES = {
     "converter without a checkpoint": ({"converter": {"enabled": True}}, "/converter/hfPath", "minLength"),
     "redis url without a scheme": ({"redis": {"externalUrl": "redis.infra:6379"}}, "/redis/externalUrl", "pattern"),
     "drain timeout 0": ({"stages": {"drainTimeoutSeconds": 0}}, "/stages/drainTimeoutSeconds", "exclusiveMinimum"),
+    "kv cache dtype int4": ({"stages": {"kvCacheDtype": "int4"}}, "/stages/kvCacheDtype",
+                            "value must be one of 'auto', 'fp8'"),
 }
 
 

@@ -32,6 +32,26 @@ def assert_exact(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
         assert_close(out, ref, what)
 
 
+def assert_fp8_matches(out: torch.Tensor, ref: torch.Tensor, what: str, ulps: int = 0) -> None:
+    """e4m3 tensors equal, byte for byte, or within `ulps` steps of the format (same sign), on the
+    GPU. Triton's interpreter rounds to e4m3 its own way (no carry into the exponent, so a value
+    that rounds up to a power of two comes out as half of it; subnormals steps off), so off the GPU
+    each value need only be within a factor of two of the reference's: the slots and the saturation
+    are checked there, the rounding on the GPU."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype == torch.float8_e4m3fn, what
+    if out.is_cuda:
+        o, r = out.view(torch.uint8).int(), ref.view(torch.uint8).int()
+        ok = (o == r) | (((o & 0x80) == (r & 0x80)) & ((o - r).abs() <= ulps))
+        detail = f"by more than {ulps} ulp(s)"
+    else:
+        of, rf = out.float(), ref.float()
+        tiny = 2.0 ** -6  # e4m3's subnormals
+        ok = ((of.abs() <= tiny) & (rf.abs() <= tiny)) | ((of * rf > 0) & (of / rf <= 2) & (rf / of <= 2))
+        detail = "by more than a factor of two (interpreted)"
+    bad = (~ok).sum().item()
+    assert bad == 0, f"{what}: {bad} of {ok.numel()} e4m3 values differ from the reference {detail}"
+
+
 def poison_allocator(*like: torch.Tensor) -> None:
     """Free NaN-filled blocks of these sizes, so that the caching allocator hands one to the next
     output of that size: an element the kernel fails to write then reads NaN, not a stale value."""

@@ -3,17 +3,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_testing import assert_close, assert_exact, poison_allocator, skip_interpreted_bf16_dot
+from kernel_testing import (assert_close, assert_exact, assert_fp8_matches, poison_allocator,
+                            skip_interpreted_bf16_dot)
 from shardline.kernels import _dispatch
 from shardline.kernels.attention import paged_attention, paged_attention_ref, write_kv, write_kv_ref
 
 
 def make_paged_batch(seqs, num_heads, num_kv_heads, head_dim, block_size=16, dtype=torch.float32,
-                     device="cpu", extra_blocks=3):
+                     device="cpu", extra_blocks=3, cache_dtype=None):
     """A ragged batch over a paged cache with shuffled blocks.
 
     seqs: (context already cached, new query tokens) per sequence. Returns q and the keyword
-    arguments of paged_attention; the cache holds every sequence's context + query k/v.
+    arguments of paged_attention; the cache (of `cache_dtype`, default q's) holds every sequence's
+    context + query k/v.
     """
     seq_lens = [c + n for c, n in seqs]
     blocks_per_seq = [-(-s // block_size) for s in seq_lens]
@@ -27,8 +29,9 @@ def make_paged_batch(seqs, num_heads, num_kv_heads, head_dim, block_size=16, dty
     q_lens = [n for _, n in seqs]
     query_start_loc = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
     q = torch.randn(sum(q_lens), num_heads, head_dim, dtype=dtype, device=device)
-    return q, dict(k_cache=torch.randn(shape, dtype=dtype, device=device),
-                   v_cache=torch.randn(shape, dtype=dtype, device=device),
+    cache_dtype = cache_dtype or dtype
+    return q, dict(k_cache=torch.randn(shape, device=device).to(cache_dtype),
+                   v_cache=torch.randn(shape, device=device).to(cache_dtype),
                    block_tables=block_tables.to(device),
                    seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
                    query_start_loc=query_start_loc.to(device), scale=head_dim ** -0.5)
@@ -71,6 +74,25 @@ def test_write_kv_ref_matches_a_loop():
     write_kv_ref(k, v, kc, vc, slots)
     for t, s in enumerate(slots.tolist()):
         assert torch.equal(kc[s // 16, s % 16], k[t]) and torch.equal(vc[s // 16, s % 16], v[t])
+
+
+FP8 = torch.float8_e4m3fn
+
+
+def test_fp8_cache_reference_rounds_saturates_and_widens():
+    """An fp8 cache keeps no scale: the reference writes k and v rounded to e4m3, saturating at
+    +-448, and attention over the cache is attention over those values widened to q's dtype."""
+    k, v = torch.randn(7, 2, 16) * 300, torch.randn(7, 2, 16)  # some of k past 448
+    kc, vc = torch.zeros(4, 16, 2, 16, dtype=FP8), torch.zeros(4, 16, 2, 16, dtype=FP8)
+    slots = torch.tensor([3, 60, 17, 16, 0, 33, 5])
+    write_kv_ref(k, v, kc, vc, slots)
+    assert k.abs().max() > 448 and kc.float().abs().max() == 448, "saturated, not NaN"
+    for t, s in enumerate(slots.tolist()):
+        assert torch.equal(kc[s // 16, s % 16].float(), k[t].clamp(-448, 448).to(FP8).float())
+        assert torch.equal(vc[s // 16, s % 16].float(), v[t].to(FP8).float())
+    q, kw = make_paged_batch(MIXED, 6, 2, 16, cache_dtype=FP8)
+    wide = dict(kw, k_cache=kw["k_cache"].float(), v_cache=kw["v_cache"].float())
+    assert torch.equal(paged_attention_ref(q, **kw), paged_attention_ref(q, **wide))
 
 
 def test_public_names_run_the_reference_on_cpu():
@@ -241,6 +263,31 @@ def test_write_kv_triton(device, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_triton_fp8_cache(device, dtype):
+    """k/v of any dtype into an fp8 cache: the reference's rounding, bit for bit, saturating."""
+    T, nkv, hd = 7, 2, 64
+    k, v = (torch.randn(T, nkv, hd, device=device) * 200).to(dtype), torch.randn(T, nkv, hd, device=device).to(dtype)
+    slots = torch.randperm(5 * 16, device=device)[:T]
+    caches = [torch.zeros((5, 16, nkv, hd), device=device, dtype=FP8) for _ in range(4)]
+    write_kv(k, v, caches[0], caches[1], slots)
+    write_kv_ref(k, v, caches[2], caches[3], slots)
+    assert_fp8_matches(caches[0], caches[2], "k in the cache")
+    assert_fp8_matches(caches[1], caches[3], "v in the cache")
+    assert caches[0].float().abs().max() == 448
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seqs", [[(0, 1), (15, 1), (40, 1), (130, 1)], MIXED], ids=["decode", "mixed"])
+def test_attention_over_fp8_cache_triton(device, dtype, seqs):
+    """Both attention kernels read an fp8 cache widened to q's dtype, as the reference does."""
+    skip_interpreted_bf16_dot(device, dtype)
+    q, kw = make_paged_batch(seqs, 32, 8, 128, dtype=dtype, device=device, cache_dtype=FP8)
+    _check(q, kw, "attention over an fp8 cache")
+
+
+@pytest.mark.gpu
 def test_write_kv_skips_negative_slots(device):
     k = torch.randn(3, 2, 16, device=device)
     kc = torch.full((2, 16, 2, 16), float("nan"), device=device)
@@ -305,6 +352,35 @@ def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_spli
     assert_exact(kw["v_cache"][written], want_v[written], "new values in the cache")
     assert torch.equal(kw["k_cache"][~written], before_k[~written]) and \
         torch.equal(kw["v_cache"][~written], before_v[~written]), "only the real rows' slots are written"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_splits", [1, 8])
+def test_rotary_decode_attention_triton_fp8_cache(device, dtype, num_splits):
+    """The fused kernel over an fp8 cache: the new key and value rounded to e4m3 as the reference
+    writes them, and attended over at that rounding (as the cached tokens are)."""
+    from shardline.kernels.rotary import apply_rotary_and_write_kv_ref, rotary_cos_sin
+    from shardline.kernels.triton_attention import decode_config_for, paged_attention_triton
+    skip_interpreted_bf16_dot(device, dtype)
+    if not _dispatch.use_triton(torch.empty(0, device=device)):
+        pytest.skip("the Triton kernel itself is under test")
+    ctx = [0, 14, 15, 16, 99, 300] if device == "cuda" else [0, 15, 40]
+    q, k, v, positions, slots, kw = _decode_step_with_new_tokens(ctx, 32, 8, 128, dtype, device, padding_rows=2)
+    kw = dict(kw, k_cache=kw["k_cache"].to(FP8), v_cache=kw["v_cache"].to(FP8))
+    cos_sin = rotary_cos_sin(4096, 128, 10000.0, None, device=device)
+    real = len(ctx)
+    want_k, want_v = kw["k_cache"].clone(), kw["v_cache"].clone()
+    rq = apply_rotary_and_write_kv_ref(q[:real], k[:real], v[:real], positions[:real], cos_sin, 128, want_k, want_v,
+                                       slots[:real])
+    out = paged_attention_triton(q, **kw, max_query_len=1, rotary=(k, v, positions, cos_sin, 128, slots),
+                                 decode_config=dict(decode_config_for(len(q)), splits=num_splits))
+    # A rotated key may differ from the reference's by an ulp of q's dtype, and so its e4m3 by one.
+    assert_fp8_matches(kw["k_cache"], want_k, "rotated new keys in the cache", ulps=1)
+    assert_fp8_matches(kw["v_cache"], want_v, "new values in the cache")
+    # The new token is attended over as it was written (the reference reads the kernel's cache).
+    want = paged_attention_ref(torch.cat([rq, q[real:]]), **kw)
+    assert_close(out[:real], want[:real], f"attention with rotary fused over an fp8 cache, {num_splits} splits")
 
 
 @pytest.mark.gpu

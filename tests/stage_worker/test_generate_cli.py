@@ -41,6 +41,8 @@ def test_generate_prints_json_token_ids(model_tp2_pp2):
     (["--prompt-ids", "1,x"], "comma-separated integers"),
     (["--prompt-ids", "1,99999"], "outside the vocabulary"),
     (["--prompt-ids", "1", "--temperature", "-1"], "temperature"),
+    (["--prompt-ids", "1", "--kv-cache-dtype", "int4"],
+     "--kv-cache-dtype 'int4' is not a KV-cache type; use auto (the model's dtype) or fp8"),
 ])
 def test_generate_bad_input(model_tp2_pp2, args, needle):
     r = shardline("generate", "--model", str(model_tp2_pp2), *args)

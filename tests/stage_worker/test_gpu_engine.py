@@ -54,12 +54,13 @@ def run_unoptimised(code: str):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def unoptimised(model_dir, prompts, max_tokens) -> list[list[int]]:
+def unoptimised(model_dir, prompts, max_tokens, kv_cache_dtype: str = "auto") -> list[list[int]]:
     return run_unoptimised(
         "import json; from shardline.stage_worker.pipeline import generate_local; "
         "from shardline.sampling import SamplingParams; from shardline.config import EngineConfig; "
         f"print(json.dumps(generate_local({str(model_dir)!r}, {prompts!r}, "
-        f"SamplingParams(max_tokens={max_tokens}, ignore_eos=True), EngineConfig(device='cuda', num_blocks=256))))")
+        f"SamplingParams(max_tokens={max_tokens}, ignore_eos=True), "
+        f"EngineConfig(device='cuda', num_blocks=256, kv_cache_dtype={kv_cache_dtype!r}))))")
 
 
 def reference_logits(model_dir, sequences) -> list:
@@ -97,6 +98,16 @@ def test_greedy_64_steps_fp32_identical_to_unoptimised_path(models):
     got = fast.generate(PROMPTS, SamplingParams(max_tokens=64, ignore_eos=True))
     assert fast.engines[0].graphs.num_replays, "no decode step replayed a captured graph"
     assert got == unoptimised(models / "fp32", PROMPTS, 64), "fused kernels/graphs changed greedy tokens"
+
+
+def test_greedy_64_steps_fp32_over_an_fp8_cache_identical_to_unoptimised_path(models):
+    """An e4m3 KV cache: the kernels (the cache writes, rotary fused or not, both attention
+    kernels) and the graphs round K and V as the references do, so fp32 greedy tokens match."""
+    fast = LocalPipeline(models / "fp32", config=dataclasses.replace(GPU, kv_cache_dtype="fp8"))
+    assert fast.engines[0].kv_cache.k.dtype == torch.float8_e4m3fn
+    got = fast.generate(PROMPTS, SamplingParams(max_tokens=64, ignore_eos=True))
+    assert fast.engines[0].graphs.num_replays, "no decode step replayed a captured graph"
+    assert got == unoptimised(models / "fp32", PROMPTS, 64, kv_cache_dtype="fp8")
 
 
 def assert_reference_greedy_choices(model_dir, got) -> None:
@@ -228,13 +239,15 @@ MIXED = [SamplingParams(max_tokens=24, temperature=0.8 * (i % 2), top_k=50 * (i 
          for i in range(len(PROMPTS))]
 
 
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
 @pytest.mark.parametrize("params", [SamplingParams(max_tokens=24, ignore_eos=True), MIXED], ids=["greedy", "mixed"])
-def test_overlapped_graph_steps_give_the_eager_paths_tokens(one_stage, params):
+def test_overlapped_graph_steps_give_the_eager_paths_tokens(one_stage, params, kv):
     """Each overlapped decode step is one replay: its pending rows take the previous replay's argmax
     inside the graph (or, for rows drawn at a temperature, the drawn ids copied back into the
-    graph's buffer). The tokens must be those of eager steps read one at a time."""
-    want = LocalPipeline(one_stage, config=eager_twin(GPU)).generate(PROMPTS, params)
-    fast = LocalPipeline(one_stage, config=GPU)
+    graph's buffer). The tokens must be those of eager steps read one at a time, over either cache."""
+    config = dataclasses.replace(GPU, kv_cache_dtype=kv)
+    want = LocalPipeline(one_stage, config=eager_twin(config)).generate(PROMPTS, params)
+    fast = LocalPipeline(one_stage, config=config)
     assert fast.stepper is not None, "a one-stage model on the GPU decodes overlapped"
     steps = trace_steps(fast.engines[0])
     assert fast.generate(PROMPTS, params) == want, "a graph step read another id than its row's last token"
