@@ -94,10 +94,12 @@ def kv_bytes_for(shape: str, max_num_seqs: int, tokens: int = 320) -> int:
 
 
 def build(shape: str, dtype: str = "bf16", quantization: str = "none", max_num_seqs: int = 256,
-          kv_bytes: int | None = None, max_model_len: int = 4096, device: str = "cuda") -> LocalPipeline:
+          kv_bytes: int | None = None, max_model_len: int = 4096, device: str = "cuda",
+          kv_cache_dtype: str = "auto") -> LocalPipeline:
     kv_bytes = kv_bytes or kv_bytes_for(shape, max_num_seqs)
     engine = step_tuning.random_engine(ModelConfig(**SHAPES[shape]), dtype, quantization, max_num_seqs, device,
                                        gemm_config=GEMM_CONFIG, kv_bytes=kv_bytes, max_model_len=max_model_len,
+                                       kv_cache_dtype=kv_cache_dtype,
                                        **({} if OVERLAP is None else {"overlap_decode": OVERLAP}),
                                        **({} if BLOCK_SIZE is None else {"block_size": BLOCK_SIZE}))
     return LocalPipeline(None, config=engine.config, engines=[engine])
@@ -113,9 +115,10 @@ def num_params(pipeline: LocalPipeline) -> tuple[int, int]:
     return sum(t.numel() for t in tensors), sum(t.numel() * t.element_size() for t in tensors)
 
 
-def kv_capacity_2k(shape: str) -> int:
-    """2,048-token sequences whose KV fits in the memory a stage worker plans for this model alone
-    on this GPU (weights resident, gpu_memory_fraction 0.9): what `--num-blocks` defaults to."""
+def kv_capacity_2k(shape: str, kv_dtype: torch.dtype = torch.bfloat16) -> int:
+    """2,048-token sequences whose KV (of `kv_dtype`) fits in the memory a stage worker plans for
+    this model alone on this GPU (weights resident, gpu_memory_fraction 0.9): what `--num-blocks`
+    defaults to."""
     from shardline.stage_worker.kv_cache import bytes_per_block
 
     cfg = ModelConfig(**SHAPES[shape])
@@ -124,7 +127,7 @@ def kv_capacity_2k(shape: str) -> int:
         cfg.hidden_size * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * cfg.hidden_size
         + 3 * cfg.hidden_size * cfg.intermediate_size))
     budget = total * 0.9 - weights - (total - free)  # what another process already holds stays taken
-    per_token = bytes_per_block(cfg.num_layers, 1, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    per_token = bytes_per_block(cfg.num_layers, 1, cfg.num_kv_heads, cfg.head_dim, kv_dtype)
     return int(budget // per_token // 2048)
 
 

@@ -22,6 +22,7 @@ import traceback
 import torch
 import torch.nn.functional as F
 
+from benchmarks.arguments import decode_shapes
 from shardline.kernels import activation, attention, norm, quant, rotary
 from shardline.kernels.attention import paged_attention_ref
 from shardline.kernels.rotary import rotary_cos_sin
@@ -444,18 +445,6 @@ def bench_sampling() -> None:
 SECTIONS = {"norm": bench_norm, "activation": bench_activation, "rotary": bench_rotary_and_kv,
             "decode": bench_decode_attention, "prefill": bench_prefill_attention, "int8": bench_int8,
             "sampling": bench_sampling}
-
-
-def decode_shapes(text: str) -> list[tuple[int, int]]:
-    """--decode-shapes' value: BATCHxCONTEXT pairs, both >= 1, separated by commas."""
-    try:
-        shapes = [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
-    except ValueError:
-        shapes = []
-    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
-        raise argparse.ArgumentTypeError(f"expected BATCHxCONTEXT pairs separated by commas, e.g. 64x192,64x256; "
-                                         f"got {text!r}")
-    return shapes
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from benchmarks.kernels_bench import decode_shapes
+from benchmarks.arguments import decode_shapes
 
 
 def test_decode_shapes_parses_pairs_and_names_the_form_on_bad_input():
@@ -189,6 +189,18 @@ def test_logits_store_ab_names_bad_arguments_before_the_gpu():
     import sys
     for argv, names in ((["--batch", "1"], "--batch 1"), (["--rounds", "0"], "--rounds 0"), ([], "CUDA GPU")):
         out = subprocess.run([sys.executable, "-m", "benchmarks.logits_store_ab", *argv],
+                             capture_output=True, text=True, timeout=120, check=False)
+        if not argv and "CUDA GPU" not in out.stderr:
+            continue  # a machine with a GPU gets past the check
+        assert out.returncode == 2 and names in out.stderr, (argv, out.stderr[-500:])
+
+
+def test_kv_dtype_ab_names_bad_arguments_before_the_gpu():
+    import subprocess
+    import sys
+    for argv, names in ((["--cases", "64x4000"], "must fit 4,096 positions"), (["--cases", "64"], "BATCHxPROMPT"),
+                        (["--rounds", "0"], "--rounds 0"), ([], "CUDA GPU")):
+        out = subprocess.run([sys.executable, "-m", "benchmarks.kv_dtype_ab", *argv],
                              capture_output=True, text=True, timeout=120, check=False)
         if not argv and "CUDA GPU" not in out.stderr:
             continue  # a machine with a GPU gets past the check
