@@ -223,8 +223,9 @@ def bench_rotary_and_kv() -> None:
             bench("rotary+write_kv", f"T={T}", impl, make_fused(impl), fused_bytes)
 
 
-def _paged(seq_lens_list, q_lens, dtype=BF16, table_width=None):
-    """Ragged batch with contexts seq_lens_list, each sequence's blocks scattered in the cache."""
+def _paged(seq_lens_list, q_lens, dtype=BF16, table_width=None, cache_dtype=None):
+    """Ragged batch with contexts seq_lens_list, each sequence's blocks scattered in the cache (of
+    `cache_dtype`, default q's)."""
     B = len(seq_lens_list)
     blocks = [math.ceil(s / BLOCK) for s in seq_lens_list]
     width = table_width or max(blocks)
@@ -235,23 +236,24 @@ def _paged(seq_lens_list, q_lens, dtype=BF16, table_width=None):
     for b, n in enumerate(blocks):
         tables[b, :n] = perm[at:at + n]
         at += n
-    kc = torch.randn(num_blocks, BLOCK, NKV, HD, device="cuda", dtype=dtype)
-    vc = torch.randn_like(kc)
+    kc = torch.randn(num_blocks, BLOCK, NKV, HD, device="cuda").to(cache_dtype or dtype)
+    vc = torch.randn(kc.shape, device="cuda").to(kc.dtype)
     qsl = torch.tensor([0] + list(q_lens), device="cuda").cumsum(0).to(torch.int32)
     q = torch.randn(sum(q_lens), NH, HD, device="cuda", dtype=dtype)
     seq_lens = torch.tensor(seq_lens_list, dtype=torch.int32, device="cuda")
     return q, (kc, vc, tables, seq_lens, qsl, HD ** -0.5)
 
 
-def decode_step_inputs(B: int, ctx: int, head_major: bool = False) -> tuple:
+def decode_step_inputs(B: int, ctx: int, head_major: bool = False, dtype=BF16, cache_dtype=None) -> tuple:
     """A decode step's attention inputs, B rows at context ctx, the new tokens not yet rotated or
     cached: (q, k, v, positions, cos_sin, k_cache, v_cache, slots, block_tables, seq_lens,
     query_start_loc, scale). `head_major`: the cache stored [blocks, kv heads, block_size,
-    head_dim] (each page of a head contiguous), seen through the usual view."""
-    _, (kc, vc, tables, seq_lens, qsl, scale) = _paged([ctx] * B, [1] * B)
+    head_dim] (each page of a head contiguous), seen through the usual view. q, k, v are of
+    `dtype`, the cache of `cache_dtype` (default: dtype)."""
+    _, (kc, vc, tables, seq_lens, qsl, scale) = _paged([ctx] * B, [1] * B, dtype, cache_dtype=cache_dtype)
     if head_major:
         kc, vc = (c.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for c in (kc, vc))
-    qkv = torch.randn(B, (NH + 2 * NKV) * HD, device="cuda", dtype=BF16)
+    qkv = torch.randn(B, (NH + 2 * NKV) * HD, device="cuda", dtype=dtype)
     q, k, v = (qkv[:, :NH * HD].view(B, NH, HD), qkv[:, NH * HD:(NH + NKV) * HD].view(B, NKV, HD),
                qkv[:, (NH + NKV) * HD:].view(B, NKV, HD))
     pos = (seq_lens - 1).long()
@@ -332,6 +334,42 @@ def bench_decode_attention(sweep: bool, shapes=DECODE_SHAPES) -> None:
         if B <= 16:
             bench("decode attention", shape, "ref (per-seq loop)", make(paged_attention_ref), nbytes,
                   eager=True)
+
+
+FP8_DECODE_SHAPES = ((64, 1024), (16, 2048), (64, 192))
+
+
+def bench_decode_attention_fp8(sweep: bool, shapes=FP8_DECODE_SHAPES) -> None:
+    """The engine's fused decode step over a bf16 cache and over an e4m3 one (half the bytes a
+    token), with the kernel's default config and, with --sweep, others; and over the e4m3 cache
+    with q, k, v in fp16 (e4m3 widens to fp16 in one instruction a pair, to bf16 through fp32)."""
+    from shardline.kernels.triton_attention import decode_config_for, paged_attention_triton
+    fp8 = torch.float8_e4m3fn
+    for B, ctx in shapes:
+        shape = f"B={B} ctx={ctx}"
+
+        def make_fused(cfg, dtype=BF16, cache_dtype=None):
+            def build():
+                q, k, v, pos, cs, kc, vc, slots, tables, seq_lens, qsl, scale = decode_step_inputs(
+                    B, ctx, dtype=dtype, cache_dtype=cache_dtype)
+                return lambda: paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, scale, max_query_len=1,
+                                                      max_seq_len=ctx, decode_config=cfg,
+                                                      rotary=(k, v, pos, cs, ROT, slots))
+            return build
+        default = decode_config_for(B, HD)
+        for name, size, dtype, cache in (("bf16 cache", 2, BF16, None), ("e4m3 cache", 1, BF16, fp8),
+                                         ("e4m3 cache, q fp16", 1, torch.float16, fp8)):
+            nbytes = B * ctx * NKV * HD * 2 * size + 2 * B * NH * HD * 2
+            bench("decode step attention", shape, f"{name}, default", make_fused(default, dtype, cache), nbytes)
+        if sweep:
+            nbytes = B * ctx * NKV * HD * 2 + 2 * B * NH * HD * 2
+            for block_n, warps, stages in itertools.product((32, 64, 128), (4, 8), (1, 2, 3, 4)):
+                cfg = dict(BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+                bench("decode step attention", shape, f"e4m3 BLOCK_N={block_n} w={warps} s={stages}",
+                      make_fused(cfg, BF16, fp8), nbytes)
+            for splits in (1, 2, 4, 8, 16):
+                bench("decode step attention", shape, f"e4m3 default, splits={splits}",
+                      make_fused(dict(default, splits=splits), BF16, fp8), nbytes)
 
 
 def bench_prefill_attention(sweep: bool) -> None:
@@ -443,7 +481,8 @@ def bench_sampling() -> None:
 
 
 SECTIONS = {"norm": bench_norm, "activation": bench_activation, "rotary": bench_rotary_and_kv,
-            "decode": bench_decode_attention, "prefill": bench_prefill_attention, "int8": bench_int8,
+            "decode": bench_decode_attention, "decode-fp8": bench_decode_attention_fp8,
+            "prefill": bench_prefill_attention, "int8": bench_int8,
             "sampling": bench_sampling}
 
 
@@ -470,8 +509,8 @@ def main() -> None:
     torch.manual_seed(0)
     copy_ceiling()
     for name in args.only.split(","):
-        kw = {"sweep": args.sweep} if name in ("decode", "prefill", "int8") else {}
-        if name == "decode" and args.decode_shapes:
+        kw = {"sweep": args.sweep} if name in ("decode", "decode-fp8", "prefill", "int8") else {}
+        if name in ("decode", "decode-fp8") and args.decode_shapes:
             kw["shapes"] = args.decode_shapes
         try:
             SECTIONS[name](**kw)
