@@ -1,6 +1,6 @@
 """Time each shardline kernel against its torch reference on Llama-3-8B shapes, on one GPU.
 
-    python benchmarks/kernels_bench.py [--only attention,int8] [--sweep]
+    python -m benchmarks.kernels_bench [--only attention,int8] [--sweep]
 
 Every timing is the median over replays of a CUDA graph that calls the op once per input set,
 rotating through enough input sets that the data does not sit in L2 (the engine also replays
@@ -22,7 +22,9 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from benchmarks.arguments import decode_shapes
+if not __package__:  # run as `python benchmarks/kernels_bench.py`, as the older commands in docs/ are
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+from benchmarks.arguments import decode_shapes  # noqa: E402
 from shardline.kernels import activation, attention, norm, quant, rotary
 from shardline.kernels.attention import paged_attention_ref
 from shardline.kernels.rotary import rotary_cos_sin
