@@ -343,8 +343,8 @@ FP8_DECODE_SHAPES = ((64, 1024), (16, 2048), (64, 192))
 
 def bench_decode_attention_fp8(sweep: bool, shapes=FP8_DECODE_SHAPES) -> None:
     """The engine's fused decode step over a bf16 cache and over an e4m3 one (half the bytes a
-    token), with the kernel's default config and, with --sweep, others; and over the e4m3 cache
-    with q, k, v in fp16 (e4m3 widens to fp16 in one instruction a pair, to bf16 through fp32)."""
+    token), at each one's tile (and the e4m3 cache at the bf16 tile), and with --sweep at others;
+    and over the e4m3 cache with q, k, v in fp16."""
     from shardline.kernels.triton_attention import decode_config_for, paged_attention_triton
     fp8 = torch.float8_e4m3fn
     for B, ctx in shapes:
@@ -359,10 +359,12 @@ def bench_decode_attention_fp8(sweep: bool, shapes=FP8_DECODE_SHAPES) -> None:
                                                       rotary=(k, v, pos, cs, ROT, slots))
             return build
         default = decode_config_for(B, HD)
-        for name, size, dtype, cache in (("bf16 cache", 2, BF16, None), ("e4m3 cache", 1, BF16, fp8),
-                                         ("e4m3 cache, q fp16", 1, torch.float16, fp8)):
+        for name, size, dtype, cache, cfg in (("bf16 cache", 2, BF16, None, default),
+                                              ("e4m3 cache, bf16 tile", 1, BF16, fp8, default),
+                                              ("e4m3 cache", 1, BF16, fp8, decode_config_for(B, HD, fp8)),
+                                              ("e4m3 cache, q fp16", 1, torch.float16, fp8, decode_config_for(B, HD, fp8))):
             nbytes = B * ctx * NKV * HD * 2 * size + 2 * B * NH * HD * 2
-            bench("decode step attention", shape, f"{name}, default", make_fused(default, dtype, cache), nbytes)
+            bench("decode step attention", shape, name, make_fused(cfg, dtype, cache), nbytes)
         if sweep:
             nbytes = B * ctx * NKV * HD * 2 + 2 * B * NH * HD * 2
             for block_n, warps, stages in itertools.product((32, 64, 128), (4, 8), (1, 2, 3, 4)):

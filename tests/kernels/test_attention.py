@@ -159,6 +159,9 @@ def test_decode_tile_by_rows_and_the_benchmarks_override():
     assert [ta.decode_config_for(r, 256) for r in (1, 2, 64)] == [default, wide, wide], \
         "heads wider than 128 take their own tile above one row"
     assert not wide["FUSE_ROTARY"] and "FUSE_ROTARY" not in default
+    fp8 = ta.FP8_DECODE_CONFIG
+    assert [ta.decode_config_for(r, 128, torch.float8_e4m3fn) for r in (1, 16, 64)] == [fp8, fp8, fp8]
+    assert ta.decode_config_for(64, 128, torch.bfloat16) == default and ta.decode_config_for(64, 256, FP8) == wide
     try:
         ta.DECODE_OVERRIDE = {"num_stages": 3}
         assert ta.decode_config_for(16) == dict(small, num_stages=3)
@@ -281,8 +284,8 @@ def test_write_kv_triton_fp8_cache(device, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("seqs", [[(0, 1), (15, 1), (40, 1), (130, 1)], MIXED], ids=["decode", "mixed"])
 def test_attention_over_fp8_cache_triton(device, dtype, seqs):
-    """Both attention kernels read an fp8 cache widened to q's dtype, as the reference does."""
-    skip_interpreted_bf16_dot(device, dtype)
+    """Both attention kernels read an e4m3 cache widened, as the reference does; a bf16 q's dots
+    with it run in fp16 (which the interpreter also runs right, unlike bf16 dots)."""
     q, kw = make_paged_batch(seqs, 32, 8, 128, dtype=dtype, device=device, cache_dtype=FP8)
     _check(q, kw, "attention over an fp8 cache")
 
@@ -359,10 +362,10 @@ def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_spli
 @pytest.mark.parametrize("num_splits", [1, 8])
 def test_rotary_decode_attention_triton_fp8_cache(device, dtype, num_splits):
     """The fused kernel over an fp8 cache: the new key and value rounded to e4m3 as the reference
-    writes them, and attended over at that rounding (as the cached tokens are)."""
+    writes them, and attended over at that rounding (as the cached tokens are). A bf16 q's dots
+    run in fp16 over the e4m3 cache, so the interpreter runs this one right too."""
     from shardline.kernels.rotary import apply_rotary_and_write_kv_ref, rotary_cos_sin
     from shardline.kernels.triton_attention import decode_config_for, paged_attention_triton
-    skip_interpreted_bf16_dot(device, dtype)
     if not _dispatch.use_triton(torch.empty(0, device=device)):
         pytest.skip("the Triton kernel itself is under test")
     ctx = [0, 14, 15, 16, 99, 300] if device == "cuda" else [0, 15, 40]
@@ -374,7 +377,7 @@ def test_rotary_decode_attention_triton_fp8_cache(device, dtype, num_splits):
     rq = apply_rotary_and_write_kv_ref(q[:real], k[:real], v[:real], positions[:real], cos_sin, 128, want_k, want_v,
                                        slots[:real])
     out = paged_attention_triton(q, **kw, max_query_len=1, rotary=(k, v, positions, cos_sin, 128, slots),
-                                 decode_config=dict(decode_config_for(len(q)), splits=num_splits))
+                                 decode_config=dict(decode_config_for(len(q), 128, FP8), splits=num_splits))
     assert_fp8_matches(kw["k_cache"], want_k, "rotated new keys in the cache", ulps=1, atol=ROTATED_ATOL)
     assert_fp8_matches(kw["v_cache"], want_v, "new values in the cache")
     # The new token is attended over as it was written (the reference reads the kernel's cache).
