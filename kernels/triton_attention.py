@@ -109,8 +109,9 @@ def _dot_dtype_for_cache(q, cache_ptr):
     the decode step over an e4m3 cache slower than over bf16 (kernels_bench --only decode-fp8:
     84.6 against 93.2 us at 64 rows of 1,024 tokens). fp16 holds every bf16 q of its range (q is
     clamped to it) and rounds the probabilities finer than bf16; the products sum in fp32 either way."""
-    if (cache_ptr.dtype.element_ty == tl.float8e4nv) & (q.dtype == tl.bfloat16):
-        return tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    if cache_ptr.dtype.element_ty == tl.float8e4nv:  # two static tests: `&` of them is not static
+        if q.dtype == tl.bfloat16:
+            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     return q
 
 
