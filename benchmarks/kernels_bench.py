@@ -361,8 +361,9 @@ def bench_decode_attention_fp8(sweep: bool, shapes=FP8_DECODE_SHAPES) -> None:
         default = decode_config_for(B, HD)
         for name, size, dtype, cache, cfg in (("bf16 cache", 2, BF16, None, default),
                                               ("e4m3 cache, bf16 tile", 1, BF16, fp8, default),
-                                              ("e4m3 cache", 1, BF16, fp8, decode_config_for(B, HD, fp8)),
-                                              ("e4m3 cache, q fp16", 1, torch.float16, fp8, decode_config_for(B, HD, fp8))):
+                                              ("e4m3 cache", 1, BF16, fp8, decode_config_for(B, HD, fp8, ctx)),
+                                              ("e4m3 cache, q fp16", 1, torch.float16, fp8,
+                                               decode_config_for(B, HD, fp8, ctx))):
             nbytes = B * ctx * NKV * HD * 2 * size + 2 * B * NH * HD * 2
             bench("decode step attention", shape, name, make_fused(cfg, dtype, cache), nbytes)
         if sweep:

@@ -383,25 +383,30 @@ SMALL_BATCH_DECODE_CONFIG = dict(BLOCK_N=32, num_warps=4, num_stages=1, LATE=Tru
 # 4.00 (docs/benchmarks.md, GPT-J's attention).
 WIDE_HEAD_ABOVE = 128
 WIDE_HEAD_DECODE_CONFIG = dict(BLOCK_N=32, num_warps=4, num_stages=2, FUSE_ROTARY=False)
-# An e4m3 cache (heads up to 128 wide): twice the default's tokens a tile, the default's bytes,
-# pipelined three deep. H200, the fused step alone with bf16 dots (`kernels_bench --only decode-fp8
-# --sweep --decode-shapes 64x1024,16x2048`, 2026-12-01 w): 76.8 us at 64 rows of 1,024 tokens
-# against 93.2 at the default tile (and 80.7 over a bf16 cache), 48.0 at 16 rows of 2,048 against
-# 52.0 at the small-batch tile (55.8 over bf16).
-FP8_DECODE_CONFIG = dict(BLOCK_N=128, num_warps=4, num_stages=3)
+# An e4m3 cache (heads up to 128 wide), by the longest context the step may hold: up to
+# FP8_SHORT_CONTEXT tokens a tile of 32, above it one of 128 (the bf16 default's bytes at twice its
+# tokens). H200, the fused step alone (`kernels_bench --only decode-fp8 --sweep --decode-shapes
+# 64x1024,16x2048,64x192,1x2048`, 2026-12-01 w3, us; over a bf16 cache at its own tile in brackets):
+# 64 rows of 192 tokens 18.8 at 32 against 21.5 at 128 (19.6); 64 of 1,024 63.1 against 77.6 at 32
+# (76.5); 16 of 2,048 42.3 against 48.2 (56.7); 1 of 2,048 9.6-9.7 at either (9.9).
+FP8_SHORT_CONTEXT = 256
+FP8_DECODE_CONFIG = dict(BLOCK_N=128, num_warps=4, num_stages=2)
+FP8_SHORT_DECODE_CONFIG = dict(BLOCK_N=32, num_warps=4, num_stages=2)
 # Keys a benchmark changes on top of decode_config_for's choice, at every row count (an A/B switch:
 # decode_bench --attention-configs, step_tune --attention).
 DECODE_OVERRIDE: dict = {}
 
 
-def decode_config_for(rows: int, head_dim: int = 128, cache_dtype: torch.dtype | None = None) -> dict:
+def decode_config_for(rows: int, head_dim: int = 128, cache_dtype: torch.dtype | None = None,
+                      max_context: int | None = None) -> dict:
     """The decode kernel's BLOCK_N, num_warps and num_stages for a step of `rows` query rows of
-    heads `head_dim` wide over a cache of `cache_dtype` (default: as wide as bf16), and
-    FUSE_ROTARY where rotary should not fuse into it."""
+    heads `head_dim` wide over a cache of `cache_dtype` (default: as wide as bf16) whose rows hold
+    at most `max_context` tokens (default: long), and FUSE_ROTARY where rotary should not fuse into it."""
     if rows > 1 and head_dim > WIDE_HEAD_ABOVE:
         base = WIDE_HEAD_DECODE_CONFIG
     elif cache_dtype is not None and cache_dtype.itemsize == 1:
-        base = FP8_DECODE_CONFIG
+        short = max_context is not None and max_context <= FP8_SHORT_CONTEXT
+        base = FP8_SHORT_DECODE_CONFIG if short else FP8_DECODE_CONFIG
     else:
         base = SMALL_BATCH_DECODE_CONFIG if 1 < rows <= SMALL_BATCH_ROWS else DECODE_CONFIG
     return dict(base, **DECODE_OVERRIDE)
@@ -448,7 +453,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
     assert rotary is None or max_query_len == 1, "rotary fused into attention needs one query row per sequence"
     if is_decode:
         max_ctx = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
-        cfg = dict(decode_config or decode_config_for(T, hd, k_cache.dtype))
+        cfg = dict(decode_config or decode_config_for(T, hd, k_cache.dtype, max_ctx))
         cfg.pop("FUSE_ROTARY", None)  # rotary_decode_attention's choice, made before this call
         splits = num_splits or cfg.pop("splits", None) or _num_splits(T * nkv, max_ctx, sm_count(q))
         if not 1 <= splits <= 64 or splits & (splits - 1):

@@ -159,8 +159,9 @@ def test_decode_tile_by_rows_and_the_benchmarks_override():
     assert [ta.decode_config_for(r, 256) for r in (1, 2, 64)] == [default, wide, wide], \
         "heads wider than 128 take their own tile above one row"
     assert not wide["FUSE_ROTARY"] and "FUSE_ROTARY" not in default
-    fp8 = ta.FP8_DECODE_CONFIG
-    assert [ta.decode_config_for(r, 128, torch.float8_e4m3fn) for r in (1, 16, 64)] == [fp8, fp8, fp8]
+    fp8, fp8_short = ta.FP8_DECODE_CONFIG, ta.FP8_SHORT_DECODE_CONFIG
+    assert [ta.decode_config_for(r, 128, FP8) for r in (1, 16, 64)] == [fp8, fp8, fp8], "no context: long"
+    assert [ta.decode_config_for(64, 128, FP8, c) for c in (192, 256, 257, 4096)] == [fp8_short, fp8_short, fp8, fp8]
     assert ta.decode_config_for(64, 128, torch.bfloat16) == default and ta.decode_config_for(64, 256, FP8) == wide
     try:
         ta.DECODE_OVERRIDE = {"num_stages": 3}
