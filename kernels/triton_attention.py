@@ -106,8 +106,9 @@ def _load_kv_tiles(k_cache_ptr, v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, k
 def _dot_dtype_for_cache(q, cache_ptr):
     """q in the type of its dots with the cache's tiles: its own, but fp16 for a bf16 q over an
     e4m3 cache. e4m3 widens to fp16 in one instruction a pair and to bf16 through fp32, which made
-    the decode step over an e4m3 cache slower than over bf16 (kernels_bench --only decode-fp8:
-    84.6 against 93.2 us at 64 rows of 1,024 tokens). fp16 holds every bf16 q of its range (q is
+    the decode step over an e4m3 cache slower than over bf16 (kernels_bench --only decode-fp8,
+    H200, call w2: 84.6 against 93.2 us at 64 rows of 1,024 tokens, the bf16 tile;
+    decode-fp8-sweep-h200-2026-12-01w2.txt). fp16 holds every bf16 q of its range (q is
     clamped to it) and rounds the probabilities finer than bf16; the products sum in fp32 either way."""
     if cache_ptr.dtype.element_ty == tl.float8e4nv:  # two static tests: `&` of them is not static
         if q.dtype == tl.bfloat16:
