@@ -62,3 +62,15 @@ def test_an_unknown_cache_type_is_refused_naming_the_choices():
     with pytest.raises(ConfigError, match=r"--kv-cache-dtype 'int8' is not a KV-cache type; use auto \(the "
                                           r"model's dtype\) or fp8"):
         EngineConfig(kv_cache_dtype="int8")
+
+
+def test_a_gpu_without_e4m3_conversions_is_refused_naming_the_fix(monkeypatch):
+    """An A100 (8.0) has no e4m3 conversions: the worker stops at startup saying what to use."""
+    from shardline.stage_worker.kv_cache import kv_cache_dtype
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(ConfigError, match=r"--kv-cache-dtype fp8 needs a GPU that converts to e4m3 \(compute "
+                                          r"capability 8.9 or later.*is 8.0: use --kv-cache-dtype auto"):
+        kv_cache_dtype("fp8", torch.bfloat16, torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert kv_cache_dtype("fp8", torch.bfloat16, torch.device("cuda")) == torch.float8_e4m3fn
+    assert kv_cache_dtype("auto", torch.bfloat16, torch.device("cuda")) == torch.bfloat16
