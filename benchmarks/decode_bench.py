@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from shardline import step_tuning
-from shardline.config import EngineConfig, ModelConfig
+from shardline.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
 from shardline.gemm_tuning import GemmTable
 from shardline.model.random_weights import SHAPES
 from shardline.sampling import SamplingParams
@@ -39,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 GEMM_CONFIG: str | None = None  # --gemm-config
 OVERLAP: bool | None = None  # --overlap / --no-overlap (None: EngineConfig's default)
 BLOCK_SIZE: int | None = None  # --block-size (None: EngineConfig's default)
+KV_CACHE_DTYPE = "auto"  # --kv-cache-dtype: every engine's KV cache (fp8: e4m3)
 # The decode attention keys an A/B may change over the kernel's choice (--attention-configs, and
 # step_tune's --attention-config).
 ATTENTION_TILE_KEYS = {"BLOCK_N", "num_warps", "num_stages", "maxnreg", "splits", "EARLY_KV", "OPAQUE_BT", "LATE",
@@ -95,11 +96,13 @@ def kv_bytes_for(shape: str, max_num_seqs: int, tokens: int = 320) -> int:
 
 def build(shape: str, dtype: str = "bf16", quantization: str = "none", max_num_seqs: int = 256,
           kv_bytes: int | None = None, max_model_len: int = 4096, device: str = "cuda",
-          kv_cache_dtype: str = "auto") -> LocalPipeline:
+          kv_cache_dtype: str | None = None) -> LocalPipeline:
+    """An engine on random weights of `shape` (one stage, one rank) in a pipeline; its KV cache is
+    `kv_cache_dtype`'s, else --kv-cache-dtype's."""
     kv_bytes = kv_bytes or kv_bytes_for(shape, max_num_seqs)
     engine = step_tuning.random_engine(ModelConfig(**SHAPES[shape]), dtype, quantization, max_num_seqs, device,
                                        gemm_config=GEMM_CONFIG, kv_bytes=kv_bytes, max_model_len=max_model_len,
-                                       kv_cache_dtype=kv_cache_dtype,
+                                       kv_cache_dtype=kv_cache_dtype or KV_CACHE_DTYPE,
                                        **({} if OVERLAP is None else {"overlap_decode": OVERLAP}),
                                        **({} if BLOCK_SIZE is None else {"block_size": BLOCK_SIZE}))
     return LocalPipeline(None, config=engine.config, engines=[engine])
@@ -297,6 +300,9 @@ def main() -> None:
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                     help="launch step N+1 before reading step N's tokens (default: the engine's)")
     ap.add_argument("--block-size", type=int, help="tokens a KV-cache block (default: the engine's)")
+    ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                    help="every engine's KV cache: auto (the model's dtype) or fp8 (e4m3; not what issue 4's bars "
+                         "measure)")
     ap.add_argument("--attention-configs", type=json.loads,
                     help='A/B the decode attention tiles, e.g. \'[{}, {"num_stages": 3}]\': keys changed from the '
                          "kernel's choice for the batch ({} keeps it), each batch timed under each in turn, twice "
@@ -337,14 +343,15 @@ def main() -> None:
         ap.error(f"--ab-rounds must be >= 1, got {args.ab_rounds}")
     if args.block_size is not None and (args.block_size < 1 or args.block_size & (args.block_size - 1)):
         ap.error(f"--block-size {args.block_size}: a power of two, e.g. 16 or 64")
-    global GEMM_CONFIG, OVERLAP, BLOCK_SIZE
+    global GEMM_CONFIG, OVERLAP, BLOCK_SIZE, KV_CACHE_DTYPE
     GEMM_CONFIG, OVERLAP, BLOCK_SIZE = args.gemm_config or (args.gemm_configs or [None])[0], args.overlap, args.block_size
+    KV_CACHE_DTYPE = args.kv_cache_dtype
     batches = args.batches
     res: dict = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
                  "command": " ".join(sys.argv), "torch": torch.__version__,
                  "overlap": EngineConfig().overlap_decode if OVERLAP is None else OVERLAP,
                  "pdl": os.environ.get("SHARDLINE_PDL", "1") not in ("", "0"),
-                 "block_size": BLOCK_SIZE or EngineConfig().block_size}
+                 "block_size": BLOCK_SIZE or EngineConfig().block_size, "kv_cache_dtype": KV_CACHE_DTYPE}
     peers = Path(args.peers) if args.peers else None
 
     if peers is not None:  # peers first, each in its own process, so their memory is gone before ours
@@ -359,7 +366,8 @@ def main() -> None:
                                             timeout=args.gptfast_timeout)
         print(json.dumps(res), flush=True)
 
-    res["kv_2k_sequences_at_0.9_memory"] = kv_capacity_2k("llama3-8b")  # before this process holds anything
+    res["kv_2k_sequences_at_0.9_memory"] = kv_capacity_2k(  # before this process holds anything
+        "llama3-8b", torch.float8_e4m3fn if KV_CACHE_DTYPE == "fp8" else torch.bfloat16)
     variants: list[dict] = [{}]  # what each A/B run changes; graphs are captured again for each
     if args.attention_configs or args.gemm_configs:  # together: paired, variant i = (table i, tile i)
         n = len(args.attention_configs or args.gemm_configs)
@@ -418,7 +426,9 @@ def print_table(res: dict, weight_bytes: int) -> None:
         print(f"{b:>5} {ms:>12.3f} {r.get('graph_replay_ms') or float('nan'):>8.3f} {r['tok_s']:>9.1f} {h or float('nan'):>8.2f} {(h / ms) if h else float('nan'):>6.2f} "
               f"{g or float('nan'):>11.2f} {(g / ms) if g else float('nan'):>5.2f}")
     if "kv_2k_sequences_at_0.9_memory" in res:
-        print(f"KV capacity for Llama-3-8B alone on this GPU: {res['kv_2k_sequences_at_0.9_memory']} sequences of 2,048 tokens")
+        kv = " in an fp8 (e4m3) cache" if res.get("kv_cache_dtype") == "fp8" else ""
+        print(f"KV capacity for Llama-3-8B alone on this GPU: {res['kv_2k_sequences_at_0.9_memory']} sequences of "
+              f"2,048 tokens{kv}")
     for q in ("int8", "fp8"):
         if f"{q}_b1_ms" in res:
             print(f"{q} weight-only batch 1: {res[f'{q}_b1_ms']} ms/step")

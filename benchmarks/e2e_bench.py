@@ -30,6 +30,7 @@ import torch
 
 from benchmarks.decode_bench import build
 from shardline.client import AsyncClient, RequestInfo
+from shardline.config import KV_CACHE_DTYPES
 from benchmarks.gateway_capacity import cpu_seconds
 from shardline.launcher import ClusterConfig, LocalCluster, free_port_run
 from shardline.sampling import SamplingParams
@@ -39,7 +40,8 @@ from shardline.v1 import stage_pb2, stage_pb2_grpc
 def engine_seconds(args, batches: list[int], prompts: dict[int, list[list[int]]], cuda: bool) -> dict[int, float]:
     """The fastest of two generate() walls at each batch, after a warm-up that compiles and captures."""
     pipeline = build(args.shape, dtype="bf16" if cuda else "fp32", max_num_seqs=max(*batches, 16),
-                     device=args.device, kv_bytes=(16 << 30) if cuda else (512 << 20))
+                     device=args.device, kv_bytes=(16 << 30) if cuda else (512 << 20),
+                     kv_cache_dtype=args.kv_cache_dtype)
     sampling = SamplingParams(max_tokens=args.new, ignore_eos=True)
     out = {}
     for b in batches:
@@ -155,6 +157,8 @@ def main() -> None:
                     "each); the streams are dealt among them (one carries ~10,000 tokens/s)")
     ap.add_argument("--workdir", help="keep the cluster's logs here (with --trace: a line per stage-0 step)")
     ap.add_argument("--trace", action="store_true", help="stage workers log at DEBUG: every step's rows and path")
+    ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                    help="the engine's and the stage worker's KV cache: auto (the model's dtype) or fp8 (e4m3)")
     ap.add_argument("--out")
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
@@ -169,14 +173,15 @@ def main() -> None:
         config = ClusterConfig(random_shape=args.shape, pp=1, device=args.device, dtype="bf16" if cuda else "fp32",
                                grpc_port=free_port_run(gateways), gateways=gateways,
                                max_model_len=4096 if cuda else 1024, num_blocks=None if cuda else 2048,
-                               startup_timeout_s=600, workdir=workdir,
+                               startup_timeout_s=600, workdir=workdir, kv_cache_dtype=args.kv_cache_dtype,
                                extra_env={"SHARDLINE_LOG_LEVEL": "DEBUG"} if args.trace else {})
         with LocalCluster(config) as cluster:
             results += [{"gateways": gateways, **summary(b, args.new, engine_s[b], served_rounds(args, cluster, prompts[b]))}
                         for b in batches]
     res = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
            "device": torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine(),
-           "shape": args.shape, "prompt": args.prompt, "new": args.new, "batches": results}
+           "shape": args.shape, "prompt": args.prompt, "new": args.new, "kv_cache_dtype": args.kv_cache_dtype,
+           "batches": results}
     print(json.dumps(res), flush=True)
     if args.out:
         with open(args.out, "w") as f:
