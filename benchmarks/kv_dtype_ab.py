@@ -1,6 +1,6 @@
 """The KV cache in the model's dtype (bf16) against fp8 (e4m3), in one process: speed and capacity.
 
-    python -m benchmarks.kv_dtype_ab [--cases 64x128,16x2048] [--gemm-config T] [--rounds 2]
+    python -m benchmarks.kv_dtype_ab [--cases 64x128,16x128,64x1024,16x2048] [--gemm-config T] [--rounds 2]
 
 Two engines on random Llama-3-8B weights, one a cache type, both resident. Each case BxP is B
 prompts of P tokens and 128 new ones; a round times, for each engine in turn (the first of the
@@ -10,8 +10,9 @@ two alternates round by round):
 * the captured decode graph replayed back to back, every row attending over P + 64 tokens (the
   loop's mean context), 50 replays after 50 unmeasured ones.
 
-The e4m3 cache halves the K/V a step reads (8.4 MB a token of context at 64 rows in bf16), so it
-moves the step by that traffic and nothing else; the weights are read as before. Capacity is what
+The e4m3 cache halves the K/V a step reads (8.4 MB a token of context at 64 rows in bf16); the
+weights are read as before, so at most that traffic can move (attention over e4m3 also widens
+every element, which costs time of its own: docs/benchmarks.md). Capacity is what
 a stage worker plans for the model alone on this GPU (gpu_memory_fraction 0.9), in sequences of
 2,048 tokens. The batch-64 bar of issue 4 is a bf16 model's with a bf16 cache; this is not it.
 """
