@@ -7,6 +7,7 @@
                                  unless left at the value that changes nothing)
     POST /v1/chat/completions   {"model", "messages": [{"role", "content"}], ... as above}
     GET  /health                200 once a route exists, else 503 (readiness)
+    /v2/...                     Triton / KServe-v2 health, metadata and generate routes (http_v2.py)
 
 `stream: true` answers with server-sent events (`data: {...}` per delta, then `data: [DONE]`);
 a client that disconnects cancels the request downstream. Errors are JSON
@@ -45,6 +46,7 @@ class HttpError(Exception):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", headers=()) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.headers = status, message, kind, list(headers)
+        self.v2 = False  # answered in the v2 protocol's form, {"error": message}
 
 
 def http_error(e: GatewayError) -> HttpError:
@@ -131,6 +133,8 @@ def response_bytes(status: int, body: dict, headers=(), keep_alive: bool = True)
 
 
 def error_body(e: HttpError) -> dict:
+    if e.v2:
+        return {"error": e.message}
     return {"error": {"message": e.message, "type": e.kind, "code": e.status}}
 
 
@@ -229,6 +233,8 @@ class HttpFrontDoor:
         self.gateway = gateway
         self.port = 0
         self._server: asyncio.AbstractServer | None = None
+        from .http_v2 import V2Routes  # it builds on this module's pieces
+        self.v2 = V2Routes(self)
 
     async def start(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._connection, host, port, limit=MAX_HEADER_BYTES)
@@ -263,23 +269,36 @@ class HttpFrontDoor:
             writer.close()
 
     async def _dispatch(self, request: Request, writer: asyncio.StreamWriter) -> bool:
+        v2 = request.path == "/v2" or request.path.startswith("/v2/")
+        try:
+            return await (self.v2.dispatch(request, writer) if v2 else self._openai(request, writer))
+        except GatewayError as e:
+            error = http_error(e)
+        except HttpError as e:
+            error = e
+        except (ConnectionError, asyncio.IncompleteReadError):
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug answers 500 and leaves the server running
+            log.exception("%s %s failed", request.method, request.path)
+            error = HttpError(500, f"internal error ({type(e).__name__}: {e}); the gateway log has the traceback",
+                              kind="internal_error")
+        error.v2 = v2
+        raise error
+
+    async def _openai(self, request: Request, writer: asyncio.StreamWriter) -> bool:
         routes = {("GET", "/v1/models"): self._models, ("GET", "/health"): self._health,
                   ("POST", "/v1/completions"): self._completions, ("POST", "/v1/chat/completions"): self._chat}
         handler = routes.get((request.method, request.path))
         if handler is None:
             if any(path == request.path for _, path in routes):
                 raise HttpError(405, f"{request.method} is not allowed on {request.path}")
-            raise HttpError(404, f"no route {request.path}; try /v1/completions, /v1/chat/completions, /v1/models")
-        try:
-            return await handler(request, writer)
-        except GatewayError as e:
-            raise http_error(e) from e
-        except (HttpError, ConnectionError, asyncio.IncompleteReadError):
-            raise
-        except Exception as e:  # noqa: BLE001 - a bug answers 500 and leaves the server running
-            log.exception("%s %s failed", request.method, request.path)
-            raise HttpError(500, f"internal error ({type(e).__name__}: {e}); the gateway log has the traceback",
-                            kind="internal_error") from e
+            raise HttpError(404, f"no route {request.path}; try /v1/completions, /v1/chat/completions, /v1/models "
+                                 "(or the v2 routes, /v2/models/{model}/generate)")
+        return await handler(request, writer)
+
+    @staticmethod
+    def response(status: int, body: dict, request: Request) -> bytes:
+        return response_bytes(status, body, keep_alive=request.keep_alive)
 
     async def _health(self, request: Request, writer) -> bool:
         status = 200 if self.gateway.is_serving else 503
@@ -301,10 +320,7 @@ class HttpFrontDoor:
         return await self._generate(request, writer, chat=True)
 
     async def _generate(self, request: Request, writer: asyncio.StreamWriter, chat: bool) -> bool:
-        try:
-            body = json.loads(request.body or b"{}")
-        except ValueError as e:
-            raise HttpError(400, f"the request body is not JSON: {e}")
+        body = json_body(request)
         if not isinstance(body, dict):
             raise HttpError(400, "the request body must be a JSON object")
         req, (stream, include_usage) = _parse_input(body, chat), _stream_flags(body)
@@ -316,18 +332,12 @@ class HttpFrontDoor:
             if stream:
                 await self._stream(events, writer, envelope, chat, include_usage)
                 return False
-            text, complete = [], None
-            async for event in events:
-                if isinstance(event, Chunk):
-                    text.append(event.text)
-                else:
-                    complete = event
-        reason = FINISH_REASONS.get(complete.finish_reason, complete.finish_reason.lower())
-        choice = {"index": 0, "finish_reason": reason, "logprobs": None}
+            text, complete = await collect(events)
+        choice = {"index": 0, "finish_reason": finish_reason(complete), "logprobs": None}
         if chat:
-            choice["message"] = {"role": "assistant", "content": "".join(text)}
+            choice["message"] = {"role": "assistant", "content": text}
         else:
-            choice["text"] = "".join(text)
+            choice["text"] = text
         writer.write(response_bytes(200, {**envelope, "choices": [choice], "usage": _usage(complete)},
                                     keep_alive=request.keep_alive))
         return True
@@ -336,13 +346,7 @@ class HttpFrontDoor:
                       include_usage: bool) -> None:
         if chat:
             envelope = {**envelope, "object": "chat.completion.chunk"}
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                     b"Connection: close\r\n\r\n")
         is_first = True
-
-        async def send(obj: dict) -> None:
-            writer.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
-            await writer.drain()  # raises ConnectionError once the client is gone: we stop and cancel
 
         def choice(text: str, reason) -> dict:
             if chat:
@@ -350,25 +354,70 @@ class HttpFrontDoor:
                 return {"index": 0, "delta": delta, "finish_reason": reason}
             return {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
 
+        def render(event) -> list[dict]:
+            nonlocal is_first
+            if isinstance(event, Chunk):
+                if not (event.text or is_first):
+                    return []
+                out = [{**envelope, "choices": [choice(event.text, None)]}]
+                is_first = False
+                return out
+            out = [{**envelope, "choices": [choice("", finish_reason(event))]}]
+            return out + ([{**envelope, "choices": [], "usage": _usage(event)}] if include_usage else [])
+
+        await self.sse(events, writer, render, what=envelope["id"], done=b"data: [DONE]\n\n")
+
+    async def sse(self, events, writer: asyncio.StreamWriter, render, what: str, done: bytes = b"",
+                  v2: bool = False) -> None:
+        """A generation's `events` as server-sent events: the status line, then the objects
+        `render(event)` makes of each Chunk and of the Complete, each `data: {...}`; an error, once
+        the status line is sent, as an event of its own (in the v2 form if `v2`); `done` last."""
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                     b"Connection: close\r\n\r\n")
+
+        async def send(obj: dict) -> None:
+            writer.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+            await writer.drain()  # raises ConnectionError once the client is gone: we stop and cancel
+
         try:
             async for event in events:
-                if isinstance(event, Chunk):
-                    if event.text or is_first:
-                        await send({**envelope, "choices": [choice(event.text, None)]})
-                        is_first = False
-                else:
-                    reason = FINISH_REASONS.get(event.finish_reason, event.finish_reason.lower())
-                    await send({**envelope, "choices": [choice("", reason)]})
-                    if include_usage:
-                        await send({**envelope, "choices": [], "usage": _usage(event)})
+                for obj in render(event):
+                    await send(obj)
         except GatewayError as e:  # the status line is sent: the error goes in the stream
-            await send(error_body(http_error(e)))
+            error = http_error(e)
+            error.v2 = v2
+            await send(error_body(error))
         except (ConnectionError, asyncio.IncompleteReadError):
             raise
         except Exception as e:  # noqa: BLE001 - as in _dispatch, but the status line is sent
-            log.exception("stream %s failed", envelope["id"])
-            await send(error_body(HttpError(500, f"internal error ({type(e).__name__}: {e})", kind="internal_error")))
-        writer.write(b"data: [DONE]\n\n")
+            log.exception("stream %s failed", what)
+            error = HttpError(500, f"internal error ({type(e).__name__}: {e})", kind="internal_error")
+            error.v2 = v2
+            await send(error_body(error))
+        writer.write(done)
+
+
+def json_body(request: Request):
+    """The request's body as JSON (an empty body is {}), or a 400 naming the parse error."""
+    try:
+        return json.loads(request.body or b"{}")
+    except ValueError as e:
+        raise HttpError(400, f"the request body is not JSON: {e}")
+
+
+async def collect(events) -> tuple[str, Complete]:
+    """A generation's whole text and its Complete (a non-streaming answer)."""
+    text, complete = [], None
+    async for event in events:
+        if isinstance(event, Chunk):
+            text.append(event.text)
+        else:
+            complete = event
+    return "".join(text), complete
+
+
+def finish_reason(c: Complete) -> str:
+    return FINISH_REASONS.get(c.finish_reason, c.finish_reason.lower())
 
 
 def _usage(c: Complete) -> dict:
