@@ -77,6 +77,22 @@ class Complete:
     timings: Timings
 
 
+async def collect(events) -> tuple[str, Complete]:
+    """A generation's whole text and its Complete, from its events (a non-streaming answer)."""
+    text, complete = [], None
+    async for event in events:
+        if isinstance(event, Chunk):
+            text.append(event.text)
+        else:
+            complete = event
+    return "".join(text), complete
+
+
+def finish_reason(c: Complete) -> str:
+    """The finish reason as the HTTP doors and the v2 protocol spell it: length, stop, cancelled."""
+    return c.finish_reason.lower()
+
+
 class RouteBroken(Exception):
     """The current route cannot continue the sequence; resume it on another."""
 

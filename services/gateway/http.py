@@ -28,7 +28,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from .errors import GatewayError, InvalidArgument, ResourceExhausted
-from .generation import Chunk, Complete
+from .generation import Chunk, Complete, collect, finish_reason
 from .service import Gateway
 from .validation import GenerateInput
 
@@ -39,7 +39,6 @@ MAX_HEADER_BYTES = 64 << 10
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large",
            429: "Too Many Requests", 500: "Internal Server Error",
            503: "Service Unavailable"}
-FINISH_REASONS = {"LENGTH": "length", "STOP": "stop", "CANCELLED": "cancelled"}
 
 
 class HttpError(Exception):
@@ -403,21 +402,6 @@ def json_body(request: Request):
         return json.loads(request.body or b"{}")
     except ValueError as e:
         raise HttpError(400, f"the request body is not JSON: {e}")
-
-
-async def collect(events) -> tuple[str, Complete]:
-    """A generation's whole text and its Complete (a non-streaming answer)."""
-    text, complete = [], None
-    async for event in events:
-        if isinstance(event, Chunk):
-            text.append(event.text)
-        else:
-            complete = event
-    return "".join(text), complete
-
-
-def finish_reason(c: Complete) -> str:
-    return FINISH_REASONS.get(c.finish_reason, c.finish_reason.lower())
 
 
 def _usage(c: Complete) -> dict:

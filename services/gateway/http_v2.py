@@ -30,25 +30,32 @@ from contextlib import aclosing
 from importlib import metadata
 
 from .errors import InvalidArgument, NotFound
-from .generation import Chunk, Complete
-from .http import HttpError, collect, finish_reason, json_body
+from .generation import Chunk, Complete, collect, finish_reason
+from .http import HttpError, json_body
 from .validation import GenerateInput
 
 VERSION = "1"  # every model has one version
 SUFFIXES = ("/generate_stream", "/generate", "/ready")
-# input -> (GenerateInput field, JSON types, what the message calls them)
+# input -> (GenerateInput field, JSON types, what the message calls them, the v2 datatype); the
+# gRPC door (kserve_v2.py) takes the same inputs.
 INPUTS = {
-    "text_input": ("prompt_text", (str, list), "a string"),
-    "max_tokens": ("max_tokens", (int,), "an integer"),
-    "temperature": ("temperature", (int, float), "a number"),
-    "top_k": ("top_k", (int,), "an integer"),
-    "top_p": ("top_p", (int, float), "a number"),
-    "seed": ("seed", (int,), "an integer"),
-    "random_seed": ("seed", (int,), "an integer"),
-    "stop": ("stop", (str, list), "a string or a list of strings"),
-    "stop_words": ("stop", (str, list), "a string or a list of strings"),
-    "ignore_eos": ("ignore_eos", (bool,), "true or false"),
+    "text_input": ("prompt_text", (str, list), "a string", "BYTES"),
+    "max_tokens": ("max_tokens", (int,), "an integer", "INT32"),
+    "temperature": ("temperature", (int, float), "a number", "FP32"),
+    "top_k": ("top_k", (int,), "an integer", "INT32"),
+    "top_p": ("top_p", (int, float), "a number", "FP32"),
+    "seed": ("seed", (int,), "an integer", "UINT64"),
+    "random_seed": ("seed", (int,), "an integer", "UINT64"),
+    "stop": ("stop", (str, list), "a string or a list of strings", "BYTES"),
+    "stop_words": ("stop", (str, list), "a string or a list of strings", "BYTES"),
+    "ignore_eos": ("ignore_eos", (bool,), "true or false", "BOOL"),
 }
+
+
+def input_metadata() -> list[dict]:
+    """The generate inputs as v2 model metadata lists them; text_input alone is required."""
+    return [{"name": name, "datatype": spec[3], "shape": [-1] if name.startswith("stop") else [1],
+             "optional": name != "text_input"} for name, spec in INPUTS.items()]
 
 
 def split_path(path: str) -> tuple[str, str] | None:
@@ -85,7 +92,7 @@ def parse_generate(model: str, body) -> GenerateInput:
         raise InvalidArgument(f"{same[0][0]} and {same[0][1]} are one input; give one of them")
     req = GenerateInput(model=model)
     for name, value in inputs.items():
-        field, types, what = INPUTS[name]
+        field, types, what, _ = INPUTS[name]
         if value is None:
             continue
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
@@ -134,9 +141,7 @@ class V2Routes:
             return True
         writer.write(self.front.response(200, {
             "name": model, "versions": [VERSION], "platform": "shardline",
-            "inputs": [{"name": n, "datatype": "BYTES" if n.startswith(("text", "stop")) else
-                        "BOOL" if n == "ignore_eos" else "FP32" if n in ("temperature", "top_p") else "INT32",
-                        "shape": [1], "optional": n != "text_input"} for n in INPUTS],
+            "inputs": input_metadata(),
             "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [1]}],
             "max_model_len": info.max_model_len, "num_stages": info.num_stages, "tp_size": info.tp_size}, request))
         return True

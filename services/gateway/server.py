@@ -5,7 +5,8 @@ with their status code; RESOURCE_EXHAUSTED carries `retry-after-ms` in the trail
 Errors after the first chunk arrive as a final StreamError message. Every call gets the request id
 in its initial metadata (`request-id`), so a client can Cancel or GetRequest it from elsewhere
 before any token arrives. Health (grpc.health.v1) is SERVING once a complete route exists for
-some served model; reflection lists the services.
+some served model; reflection lists the services. The same port serves the KServe v2 protocol
+(inference.GRPCInferenceService, kserve_v2.py).
 """
 
 from __future__ import annotations
@@ -183,6 +184,8 @@ async def start(config: GatewayConfig) -> RunningGateway:
     gateway = Gateway(config)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(gateway), server)
+    from . import kserve_v2  # it builds on this module's abort()
+    kserve_v2.add_to_server(gateway, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -195,7 +198,8 @@ async def start(config: GatewayConfig) -> RunningGateway:
             await health_servicer.set(name, status)
 
     gateway.on_serving_changed = on_serving_changed
-    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    reflection.enable_server_reflection((SERVICE_NAME, kserve_v2.SERVICE_NAME, health.SERVICE_NAME,
+                                         reflection.SERVICE_NAME), server)
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:
         raise RuntimeError(f"could not bind the gateway's gRPC port {config.host}:{config.port}")

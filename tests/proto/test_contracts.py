@@ -3,7 +3,7 @@
 
 import numpy as np
 
-from shardline.v1 import common_pb2, gateway_pb2, stage_pb2, tokenizer_pb2
+from shardline.v1 import common_pb2, gateway_pb2, kserve_v2_pb2, stage_pb2, tokenizer_pb2
 
 
 def test_micro_batch_round_trips_hidden_states_as_raw_bytes():
@@ -48,10 +48,14 @@ def test_stream_response_is_a_oneof_of_chunk_complete_error():
 
 
 def test_services_expose_the_documented_methods():
-    methods = {s.name: [m.name for m in s.methods] for f in (stage_pb2, gateway_pb2, tokenizer_pb2)
+    methods = {s.name: [m.name for m in s.methods] for f in (stage_pb2, gateway_pb2, tokenizer_pb2, kserve_v2_pb2)
                for s in f.DESCRIPTOR.services_by_name.values()}
     assert methods == {
         "StageWorker": ["Generate", "GenerateMany", "Forward", "ReturnTokens", "Free", "GetStatus"],
         "Gateway": ["Generate", "GenerateStream", "Cancel", "GetRequest", "ListModels"],
         "Tokenizer": ["Encode", "ApplyChatTemplate", "Decode", "DetokenizeStream", "DetokenizeMany", "GetInfo"],
+        "GRPCInferenceService": ["ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
+                                 "ModelInfer", "ModelStreamInfer"],
     }
+    # the v2 protocol's names, which its clients call: package inference, not shardline.v1
+    assert kserve_v2_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name == "inference.GRPCInferenceService"
