@@ -114,9 +114,9 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
     rotary kernel (or reference) and then attention. Slots < 0 are skipped on the GPU (padding
     rows of a captured batch)."""
     if use_triton(q) and q.shape[0] <= FUSED_ROTARY_MAX_ROWS:
-        from .triton_attention import decode_config_for, paged_attention_triton
+        from .triton_attention import decode_config_for, max_context, paged_attention_triton
         cfg = decode_config_for(q.shape[0], q.shape[-1], k_cache.dtype,
-                                max_seq_len if max_seq_len is not None else block_tables.shape[1] * k_cache.shape[1])
+                                max_context(max_seq_len, block_tables, k_cache.shape[1]))
         if cfg.get("FUSE_ROTARY", True):
             return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                                           max_query_len=1, max_seq_len=max_seq_len, decode_config=cfg,

@@ -413,6 +413,11 @@ def decode_config_for(rows: int, head_dim: int = 128, cache_dtype: torch.dtype |
     return dict(base, **DECODE_OVERRIDE)
 
 
+def max_context(max_seq_len: int | None, block_tables: torch.Tensor, block_size: int) -> int:
+    """The longest context a decode step may hold: the caller's hint, else the table's width."""
+    return max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
+
+
 def _num_splits(num_programs: int, max_ctx: int, num_sms: int, min_tokens: int = 64) -> int:
     """Context splits per (row, kv head): enough programs to fill the GPU twice over, while each
     split still holds min_tokens of the longest possible context. A power of two, at most 64."""
@@ -453,7 +458,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
     is_decode = max_query_len == 1 if max_query_len is not None else T == B
     assert rotary is None or max_query_len == 1, "rotary fused into attention needs one query row per sequence"
     if is_decode:
-        max_ctx = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
+        max_ctx = max_context(max_seq_len, block_tables, block_size)
         cfg = dict(decode_config or decode_config_for(T, hd, k_cache.dtype, max_ctx))
         cfg.pop("FUSE_ROTARY", None)  # rotary_decode_attention's choice, made before this call
         splits = num_splits or cfg.pop("splits", None) or _num_splits(T * nkv, max_ctx, sm_count(q))

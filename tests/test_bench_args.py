@@ -184,23 +184,19 @@ def test_profile_decode_names_bad_contexts_before_the_gpu():
         assert out.returncode == 2 and "--contexts" in out.stderr and "at least two" in out.stderr, (argv, out.stderr[-500:])
 
 
-def test_logits_store_ab_names_bad_arguments_before_the_gpu():
-    import subprocess
-    import sys
-    for argv, names in ((["--batch", "1"], "--batch 1"), (["--rounds", "0"], "--rounds 0"), ([], "CUDA GPU")):
-        out = subprocess.run([sys.executable, "-m", "benchmarks.logits_store_ab", *argv],
-                             capture_output=True, text=True, timeout=120, check=False)
-        if not argv and "CUDA GPU" not in out.stderr:
-            continue  # a machine with a GPU gets past the check
-        assert out.returncode == 2 and names in out.stderr, (argv, out.stderr[-500:])
+A_B_BAD_ARGUMENTS = {
+    "logits_store_ab": ((["--batch", "1"], "--batch 1"), (["--rounds", "0"], "--rounds 0"), ([], "CUDA GPU")),
+    "kv_dtype_ab": ((["--cases", "64x4000"], "must fit 4,096 positions"), (["--cases", "64"], "BATCHxPROMPT"),
+                    (["--rounds", "0"], "--rounds 0"), ([], "CUDA GPU")),
+}
 
 
-def test_kv_dtype_ab_names_bad_arguments_before_the_gpu():
+@pytest.mark.parametrize("module", sorted(A_B_BAD_ARGUMENTS))
+def test_the_a_bs_name_bad_arguments_before_the_gpu(module):
     import subprocess
     import sys
-    for argv, names in ((["--cases", "64x4000"], "must fit 4,096 positions"), (["--cases", "64"], "BATCHxPROMPT"),
-                        (["--rounds", "0"], "--rounds 0"), ([], "CUDA GPU")):
-        out = subprocess.run([sys.executable, "-m", "benchmarks.kv_dtype_ab", *argv],
+    for argv, names in A_B_BAD_ARGUMENTS[module]:
+        out = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *argv],
                              capture_output=True, text=True, timeout=120, check=False)
         if not argv and "CUDA GPU" not in out.stderr:
             continue  # a machine with a GPU gets past the check

@@ -54,3 +54,11 @@ class Unavailable(GatewayError):
 
 class Internal(GatewayError):
     code, http_status = grpc.StatusCode.INTERNAL, 500
+
+
+async def abort(context: grpc.aio.ServicerContext, e: GatewayError) -> None:
+    """End a gRPC call with `e`'s status code and message (both gRPC doors); RESOURCE_EXHAUSTED
+    carries `retry-after-ms` in the trailing metadata."""
+    if isinstance(e, ResourceExhausted):
+        context.set_trailing_metadata((("retry-after-ms", str(int(e.retry_after_s * 1000))),))
+    await context.abort(e.code, e.message)

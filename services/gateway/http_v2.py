@@ -58,6 +58,28 @@ def input_metadata() -> list[dict]:
              "optional": name != "text_input"} for name, spec in INPUTS.items()]
 
 
+def server_version() -> str:
+    try:
+        return metadata.version("shardline")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+async def find_model(gateway, name: str):
+    """The ModelInfo of `name`, or NotFound naming the models this gateway serves."""
+    models = await gateway.list_models()
+    for info in models:
+        if info.name == name:
+            return info
+    raise NotFound(f"model {name!r} is unknown; this gateway serves {[m.name for m in models]}")
+
+
+def end_fields(complete: Complete) -> dict:
+    """What the last answer of a generation carries besides its text, in either v2 door."""
+    return {"finish_reason": finish_reason(complete), "prompt_tokens": complete.usage.prompt_tokens,
+            "completion_tokens": complete.usage.completion_tokens}
+
+
 def split_path(path: str) -> tuple[str, str] | None:
     """(model, route) of /v2/models/{model}[/generate|/generate_stream|/ready]; route "" is the
     metadata. None for any other path."""
@@ -134,7 +156,7 @@ class V2Routes:
             self._allow(request, "POST")
             return await self._generate(request, writer, model, stream=route == "generate_stream")
         self._allow(request, "GET")
-        info = await self._model(model)
+        info = await find_model(self.gateway, model)
         if route == "ready":
             writer.write(self.front.response(200 if info.num_routes else 503, {"name": model, "ready":
                                                                               bool(info.num_routes)}, request))
@@ -152,11 +174,7 @@ class V2Routes:
             raise HttpError(405, f"{request.method} is not allowed on {request.path}; use {method}")
 
     async def _server(self, request, writer) -> bool:
-        try:
-            version = metadata.version("shardline")
-        except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-            version = "unknown"
-        writer.write(self.front.response(200, {"name": "shardline", "version": version,
+        writer.write(self.front.response(200, {"name": "shardline", "version": server_version(),
                                                "extensions": ["generate"]}, request))
         return True
 
@@ -169,13 +187,6 @@ class V2Routes:
         writer.write(self.front.response(200 if serving else 503, {"ready": serving}, request))
         return True
 
-    async def _model(self, model: str):
-        for info in await self.gateway.list_models():
-            if info.name == model:
-                return info
-        names = [m.name for m in await self.gateway.list_models()]
-        raise NotFound(f"model {model!r} is unknown; this gateway serves {names}")
-
     async def _generate(self, request, writer: asyncio.StreamWriter, model: str, stream: bool) -> bool:
         generation = await self.gateway.submit(parse_generate(model, json_body(request)))
         envelope = {"model_name": generation.model, "model_version": VERSION}
@@ -184,15 +195,10 @@ class V2Routes:
                 def render(event) -> list[dict]:
                     if isinstance(event, Chunk):
                         return [{**envelope, "text_output": event.text}] if event.text else []
-                    return [{**envelope, "text_output": "", **self._end(event)}]
+                    return [{**envelope, "text_output": "", **end_fields(event)}]
 
                 await self.front.sse(events, writer, render, what=generation.request_id, v2=True)
                 return False
             text, complete = await collect(events)
-        writer.write(self.front.response(200, {**envelope, "text_output": text, **self._end(complete)}, request))
+        writer.write(self.front.response(200, {**envelope, "text_output": text, **end_fields(complete)}, request))
         return True
-
-    @staticmethod
-    def _end(complete: Complete) -> dict:
-        return {"finish_reason": finish_reason(complete), "prompt_tokens": complete.usage.prompt_tokens,
-                "completion_tokens": complete.usage.completion_tokens}

@@ -21,17 +21,14 @@ from __future__ import annotations
 
 import struct
 from contextlib import aclosing
-from importlib import metadata
-
 import numpy as np
 
 from shardline.v1 import kserve_v2_pb2 as pb
 from shardline.v1 import kserve_v2_pb2_grpc
 
-from .errors import GatewayError, InvalidArgument, NotFound, UnknownModel
-from .generation import Chunk, Complete, collect, finish_reason
-from .http_v2 import VERSION, input_metadata, parse_generate
-from .server import abort
+from .errors import GatewayError, InvalidArgument, NotFound, UnknownModel, abort
+from .generation import Chunk, Complete, collect
+from .http_v2 import VERSION, end_fields, find_model, input_metadata, parse_generate, server_version
 from .service import Gateway
 from .validation import GenerateInput
 
@@ -112,6 +109,8 @@ def input_from_wire(request: pb.ModelInferRequest, streaming: bool) -> GenerateI
                                   f"(shape {list(tensor.shape)})")
     parameters = {k: parameter_value(v) for k, v in request.parameters.items() if k not in TRITON_PARAMETERS}
     stream = inputs.pop("stream", parameters.pop("stream", False))
+    if not isinstance(stream, bool):
+        raise InvalidArgument(f"stream must be true or false (BOOL), got {stream!r}")
     if stream and not streaming:
         raise InvalidArgument("stream is true: call ModelStreamInfer for a stream of responses, or drop stream")
     # The request's `id` is the client's to echo, often the same for every call: the gateway's
@@ -122,10 +121,9 @@ def input_from_wire(request: pb.ModelInferRequest, streaming: bool) -> GenerateI
 def response(request_id: str, model: str, text: str, complete: Complete | None = None,
              final: bool | None = None) -> pb.ModelInferResponse:
     parameters = {}
-    if complete is not None:
-        parameters = {"finish_reason": pb.InferParameter(string_param=finish_reason(complete)),
-                      "prompt_tokens": pb.InferParameter(int64_param=complete.usage.prompt_tokens),
-                      "completion_tokens": pb.InferParameter(int64_param=complete.usage.completion_tokens)}
+    if complete is not None:  # the HTTP door's end fields: a string and two counts
+        parameters = {k: pb.InferParameter(**{"string_param" if isinstance(v, str) else "int64_param": v})
+                      for k, v in end_fields(complete).items()}
     if final is not None:
         parameters["triton_final_response"] = pb.InferParameter(bool_param=final)
     data = text.encode()
@@ -146,18 +144,13 @@ class KServeV2Servicer(kserve_v2_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.gateway.is_serving)
 
     async def ServerMetadata(self, request, context):
-        try:
-            version = metadata.version("shardline")
-        except metadata.PackageNotFoundError:
-            version = "unknown"
-        return pb.ServerMetadataResponse(name="shardline", version=version, extensions=["generate"])
+        return pb.ServerMetadataResponse(name="shardline", version=server_version(), extensions=["generate"])
 
     async def _model(self, name: str, context):
-        models = await self.gateway.list_models()
-        for info in models:
-            if info.name == name:
-                return info
-        await abort(context, NotFound(f"model {name!r} is unknown; this gateway serves {[m.name for m in models]}"))
+        try:
+            return await find_model(self.gateway, name)
+        except NotFound as e:
+            await abort(context, e)
 
     async def ModelReady(self, request, context):
         info = await self._model(request.name, context)

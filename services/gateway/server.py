@@ -24,7 +24,8 @@ from grpc_reflection.v1alpha import reflection
 from shardline.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from .config import GatewayConfig
-from .errors import GatewayError, ResourceExhausted
+from . import kserve_v2
+from .errors import GatewayError, abort
 from .generation import Chunk, Complete
 from .records import RequestRecord
 from .service import Gateway, new_request_id
@@ -72,12 +73,6 @@ def status_to_wire(r: RequestRecord) -> gateway_pb2.RequestStatus:
         num_prompt_tokens=r.num_prompt_tokens, num_generated_tokens=r.num_generated_tokens,
         num_resumes=r.num_resumes, queued_at=r.queued_at, first_token_at=r.first_token_at,
         finished_at=r.finished_at, finish_reason=FINISH_REASON_WIRE.get(r.finish_reason, 0), error=r.error)
-
-
-async def abort(context: grpc.aio.ServicerContext, e: GatewayError) -> None:
-    if isinstance(e, ResourceExhausted):
-        context.set_trailing_metadata((("retry-after-ms", str(int(e.retry_after_s * 1000))),))
-    await context.abort(e.code, e.message)
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
@@ -184,7 +179,6 @@ async def start(config: GatewayConfig) -> RunningGateway:
     gateway = Gateway(config)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(gateway), server)
-    from . import kserve_v2  # it builds on this module's abort()
     kserve_v2.add_to_server(gateway, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

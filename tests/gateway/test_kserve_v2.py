@@ -129,6 +129,8 @@ def test_bad_requests_get_status_codes_naming_the_fix(bench, model_name, stub_fo
          "max_tokens must be an integer, got 4.0"),
         (raw_request(model_name, "hi", stream=("BOOL", True)), grpc.StatusCode.INVALID_ARGUMENT,
          "stream is true: call ModelStreamInfer"),
+        (raw_request(model_name, "hi", stream=("INT32", 1)), grpc.StatusCode.INVALID_ARGUMENT,
+         "stream must be true or false (BOOL), got 1"),
         (pb.ModelInferRequest(model_name=model_name, inputs=good.inputs, raw_input_contents=good.raw_input_contents[:1]),
          grpc.StatusCode.INVALID_ARGUMENT, "raw_input_contents has 1 entries for 2 inputs"),
         (pb.ModelInferRequest(model_name=model_name, inputs=good.inputs, raw_input_contents=[b"\x09\x00", b"\x02\x00\x00\x00"]),
