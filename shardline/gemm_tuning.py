@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from shardline.config import ConfigError, ModelConfig
+from shardline.graph_capture import collected_garbage
 from shardline.kernels.gemv import GEMV_MAX_M
 
 log = logging.getLogger("shardline.gemm_tuning")
@@ -263,7 +264,7 @@ def _time_graph_us(fn, copies: int, reps: int = 24) -> float:
     fn(0)  # compile / warm up outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with collected_garbage(), torch.cuda.graph(graph):
         for i in range(reps):
             fn(i % copies)
     graph.replay()

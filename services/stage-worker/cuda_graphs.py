@@ -34,12 +34,14 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from shardline.graph_capture import collected_garbage
 from shardline.model.transformer import PendingIds, StageModel, StepMetadata
 from shardline.stage_worker.staging import HostStep, PinnedStaging
 
 log = logging.getLogger("shardline.stage_worker")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 CONTEXT_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144)
+
 
 
 class CudaGraphRunner:
@@ -132,7 +134,7 @@ class CudaGraphRunner:
         if sampled is not None:
             self.sampled.copy_(sampled)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with collected_garbage(), torch.cuda.graph(graph, pool=self.pool):
             out = step()
         if self.pool is None:
             self.pool = graph.pool()

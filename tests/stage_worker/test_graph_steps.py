@@ -101,3 +101,38 @@ def test_a_step_reads_its_logits_only_when_a_row_draws_or_returns_them(one_stage
     assert needs([SequenceChunk("a", 0, 3, True, GREEDY), SequenceChunk("b", 0, 2, False, hot)]) is False, \
         "a chunk that samples nothing reads no logits"
     assert needs([SequenceChunk("a", 0, 3, True)], return_logits=True) is True
+
+
+def test_a_capture_sees_no_garbage_collection():
+    """collected_garbage (around every capture): a dead cycle is freed before the capture starts,
+    none is collected inside it, and the collector runs again after it, also when the capture
+    raises."""
+    import gc
+    import weakref
+
+    from shardline.graph_capture import collected_garbage
+
+    class Node:
+        pass
+
+    def dead_cycle():
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        return weakref.ref(a)
+
+    assert gc.isenabled()
+    ref = dead_cycle()
+    with collected_garbage():
+        assert ref() is None, "the dead cycle must be freed before the capture"
+        assert not gc.isenabled()
+        inside = dead_cycle()
+        kept = [Node() for _ in range(3 * gc.get_threshold()[0])]  # would trigger a collection
+        assert inside() is not None, "a collection ran inside the capture"
+        del kept
+    assert gc.isenabled()
+    gc.collect()
+    assert inside() is None
+    with pytest.raises(RuntimeError):
+        with collected_garbage():
+            raise RuntimeError("capture failed")
+    assert gc.isenabled()
