@@ -47,7 +47,8 @@ def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False
     sig = {n: "*bf16" for n in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "k_new_ptr", "v_new_ptr")}
     sig |= {"cos_sin_ptr": "*fp32", "bt_ptr": "*i32", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32",
             "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64",
-            "scale_log2": "fp32", "num_seqs": "i32", "num_heads": "i32"}
+            "scale_log2": "fp32", "v_scale": "fp32", "k_inv_scale": "fp32", "v_inv_scale": "fp32",
+            "num_seqs": "i32", "num_heads": "i32"}
     sig |= {n: "i32" for n in order if n.startswith("stride")}
     constexprs = dict(GROUP=group, GROUP_P2=max(next_pow2(group), 16), HEAD_DIM=hd,
                       HEAD_DIM_P2=max(next_pow2(hd), 16), BLOCK_SIZE=16, BLOCK_N=block_n,

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ._dispatch import use_triton
-from .attention import write_kv_ref
+from .attention import NO_SCALES, KVScales, write_kv_ref
 
 
 def rotary_inv_freq(rotary_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -65,10 +65,10 @@ def apply_rotary_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
 def apply_rotary_and_write_kv_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                   positions: torch.Tensor, cos_sin: torch.Tensor, rotary_dim: int,
                                   k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                  slot_mapping: torch.Tensor) -> torch.Tensor:
+                                  slot_mapping: torch.Tensor, kv_scales: KVScales = NO_SCALES) -> torch.Tensor:
     """Rotate q and k, write the rotated k and v into their cache slots; returns the rotated q."""
     q, k = apply_rotary_ref(q, k, positions, cos_sin, rotary_dim)
-    write_kv_ref(k, v, k_cache, v_cache, slot_mapping)
+    write_kv_ref(k, v, k_cache, v_cache, slot_mapping, kv_scales)
     return q
 
 
@@ -83,12 +83,12 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
 def apply_rotary_and_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               positions: torch.Tensor, cos_sin: torch.Tensor, rotary_dim: int,
                               k_cache: torch.Tensor, v_cache: torch.Tensor,
-                              slot_mapping: torch.Tensor) -> torch.Tensor:
+                              slot_mapping: torch.Tensor, kv_scales: KVScales = NO_SCALES) -> torch.Tensor:
     """One kernel on the GPU: the rotated k goes straight to the cache. Slots < 0 are skipped there
     (padding rows of a captured batch); the reference requires every slot to be valid."""
     if use_triton(q):
         from .triton_rotary import apply_rotary_and_write_kv_triton
         return apply_rotary_and_write_kv_triton(q, k, v, positions, cos_sin, rotary_dim,
-                                                k_cache, v_cache, slot_mapping)
+                                                k_cache, v_cache, slot_mapping, kv_scales)
     return apply_rotary_and_write_kv_ref(q, k, v, positions, cos_sin, rotary_dim,
-                                         k_cache, v_cache, slot_mapping)
+                                         k_cache, v_cache, slot_mapping, kv_scales)

@@ -25,6 +25,7 @@ import triton.language as tl
 from . import _dispatch
 from ._dispatch import next_pow2, pdl_args, sm_count
 from .triton_pdl import pdl_trigger_late, pdl_wait
+from .attention import NO_SCALES, KVScales, inverse, is_fp8
 from .triton_rotary import as_cached, load_rotated
 
 _LOG2E = 1.4426950408889634
@@ -33,7 +34,7 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                      stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_c_slot, stride_c_h,
-                     n_kv_heads, HEAD_DIM: tl.constexpr, HEADS_P2: tl.constexpr,
+                     n_kv_heads, k_inv_scale, v_inv_scale, HEAD_DIM: tl.constexpr, HEADS_P2: tl.constexpr,
                      HEAD_DIM_P2: tl.constexpr, USE_PDL: tl.constexpr):
     pdl_wait(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -45,12 +46,12 @@ def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     mask = (heads < n_kv_heads) & (dims < HEAD_DIM)
     dst = slot * stride_c_slot + heads * stride_c_h + dims
     k = tl.load(k_ptr + t * stride_k_t + heads * stride_k_h + dims, mask=mask)
-    tl.store(k_cache_ptr + dst, as_cached(k, k_cache_ptr), mask=mask)
+    tl.store(k_cache_ptr + dst, as_cached(k, k_cache_ptr, k_inv_scale), mask=mask)
     v = tl.load(v_ptr + t * stride_v_t + heads * stride_v_h + dims, mask=mask)
-    tl.store(v_cache_ptr + dst, as_cached(v, v_cache_ptr), mask=mask)
+    tl.store(v_cache_ptr + dst, as_cached(v, v_cache_ptr, v_inv_scale), mask=mask)
 
 
-def write_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
+def write_kv_triton(k, v, k_cache, v_cache, slot_mapping, kv_scales: KVScales = NO_SCALES) -> None:
     T, nkv, hd = k.shape
     k = k if k.stride(-1) == 1 else k.contiguous()
     v = v if v.stride(-1) == 1 else v.contiguous()
@@ -58,7 +59,8 @@ def write_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
     assert kc.stride() == vc.stride(), "k_cache and v_cache must share one layout"
     if T:
         _write_kv_kernel[(T,)](k, v, kc, vc, slot_mapping, k.stride(0), k.stride(1), v.stride(0),
-                               v.stride(1), kc.stride(0), kc.stride(1), nkv, HEAD_DIM=hd,
+                               v.stride(1), kc.stride(0), kc.stride(1), nkv, inverse(kv_scales.k),
+                               inverse(kv_scales.v), HEAD_DIM=hd,
                                HEADS_P2=next_pow2(nkv), HEAD_DIM_P2=next_pow2(hd), num_warps=4, **pdl_args(k))
 
 
@@ -117,6 +119,15 @@ def _dot_dtype_for_cache(q, cache_ptr):
 
 
 @triton.jit
+def _scaled_by_v(out, v_cache_ptr, v_scale):
+    """Attention's output over the stored values, times an e4m3 cache's v scale (static: any other
+    cache's output is left as it is)."""
+    if v_cache_ptr.dtype.element_ty == tl.float8e4nv:
+        out = out * v_scale
+    return out
+
+
+@triton.jit
 def _online_softmax_step(q, k, v, visible, acc, l_i, m_i, scale_log2, DOT_PRECISION: tl.constexpr,
                          MASKED: tl.constexpr = True):
     """Fold one K/V tile into the running (acc, l, m) of the rows of q; `visible` masks the scores
@@ -152,17 +163,21 @@ def _find_sequence(qsl_ptr, num_seqs, target, BLOCK_Q: tl.constexpr, SEQS_BLOCK:
 
 @triton.jit(do_not_specialize=["num_seqs"])
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
-                   part_out_ptr, part_lse_ptr, scale_log2, num_seqs, num_heads,
+                   part_out_ptr, part_lse_ptr, scale_log2, v_scale, num_seqs, num_heads,
                    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
                    stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
                    k_new_ptr, v_new_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
-                   stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h, stride_cs,
+                   stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h, stride_cs, k_inv_scale, v_inv_scale,
                    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, SEQS_BLOCK: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
                    EARLY_KV: tl.constexpr, OPAQUE_BT: tl.constexpr, LATE: tl.constexpr, USE_PDL: tl.constexpr):
-    """ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
+    """`scale_log2` holds an fp8 cache's k scale, and an fp8 cache's output is multiplied by
+    `v_scale` (KVScales: the products run on the stored values); the new token is written times
+    `k_inv_scale` and `v_inv_scale` (ROTARY).
+
+    ROTARY: q, k_new and v_new are the step's unrotated projections (one query row per
     sequence). The kernel rotates q and the row's new key, writes the new key and value to the
     row's cache slot (skipped when the slot is < 0) and attends over the new token from registers:
     the rotary kernel and the cache write need no launch of their own.
@@ -233,8 +248,9 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     if ROTARY:
         if (kv_len > 0) & (kv_len - 1 >= lo) & (kv_len - 1 < hi):  # this split holds the new token
             k = as_cached(load_rotated(k_new_ptr + row64 * stride_kn_t + kvh * stride_kn_h, d, dmask, cs_row,
-                                       HALF, ROT), k_cache_ptr)
-            v = as_cached(tl.load(v_new_ptr + row64 * stride_vn_t + kvh * stride_vn_h + d, mask=dmask), v_cache_ptr)
+                                       HALF, ROT), k_cache_ptr, k_inv_scale)
+            v = as_cached(tl.load(v_new_ptr + row64 * stride_vn_t + kvh * stride_vn_h + d, mask=dmask), v_cache_ptr,
+                          v_inv_scale)
             slot = tl.load(slot_ptr + row).to(tl.int64)
             if slot >= 0:  # padding rows of a captured batch write nowhere
                 blk, off = slot // BLOCK_SIZE, slot % BLOCK_SIZE
@@ -252,7 +268,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
             vf = v.to(q.dtype).to(tl.float32)
             acc = acc * alpha[:, None] + p.to(q.dtype).to(tl.float32)[:, None] * vf[None, :]
             m_i = m_new
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # an empty split leaves zeros
+    out = _scaled_by_v(acc / tl.where(l_i > 0, l_i, 1.0)[:, None], v_cache_ptr, v_scale)  # an empty split: zeros
     omask = gmask[:, None] & dmask[None, :]
     if NUM_SPLITS == 1:
         tl.store(out_ptr + row64 * stride_o_t + heads[:, None] * stride_o_h + d[None, :],
@@ -298,7 +314,7 @@ def _attend_tile(q, acc, l_i, m_i, q_pos, n0, kv_end, k_cache_ptr, v_cache_ptr, 
 
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
-                    scale_log2, num_seqs,
+                    scale_log2, v_scale, num_seqs,
                     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
                     stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
                     GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -346,7 +362,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_p
                                      bt_row, d, dmask, kvh, scale_log2, stride_k_blk, stride_k_tok,
                                      stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE,
                                      BLOCK_N, DOT_PRECISION, True)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out = _scaled_by_v(acc / tl.where(l_i > 0, l_i, 1.0)[:, None], v_cache_ptr, v_scale)
     tl.store(out_ptr + rows[:, None] * stride_o_t + heads[:, None] * stride_o_h + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dmask[None, :])
 
@@ -436,12 +452,14 @@ def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
 def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, *,
                            max_query_len: int | None = None, max_seq_len: int | None = None,
                            decode_config: dict | None = None, prefill_config: dict | None = None,
-                           num_splits: int | None = None, rotary: tuple | None = None):
+                           num_splits: int | None = None, rotary: tuple | None = None,
+                           kv_scales: KVScales = NO_SCALES):
     """`decode_config`: BLOCK_N, num_warps, num_stages (and maxnreg, EARLY_KV, OPAQUE_BT, LATE) of the decode
     kernel (decode_config_for's by default); its context splits are `num_splits`, else the config's
     `splits` (how an A/B forces them), else `_num_splits`'s choice. `rotary`: (k, v, positions,
     cos_sin, rotary_dim, slot_mapping) of a decode step whose q, k and v are unrotated and not yet
-    cached (see _decode_kernel); it requires max_query_len == 1."""
+    cached (see _decode_kernel); it requires max_query_len == 1. `kv_scales`: an fp8 cache's
+    (the k scale goes into the scores' scale, the v scale onto the output)."""
     T, nh, hd = q.shape
     block_size, nkv = k_cache.shape[1], k_cache.shape[2]
     B = block_tables.shape[0]
@@ -454,7 +472,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
                   SEQS_BLOCK=64, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     strides = (q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
                *_cache_strides(k_cache), *_cache_strides(v_cache))
-    scale_log2 = scale * _LOG2E
+    k_scale, v_scale = kv_scales if is_fp8(k_cache.dtype) else NO_SCALES
+    scale_log2 = scale * k_scale * _LOG2E
     is_decode = max_query_len == 1 if max_query_len is not None else T == B
     assert rotary is None or max_query_len == 1, "rotary fused into attention needs one query row per sequence"
     if is_decode:
@@ -479,14 +498,14 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
             k, v, positions, cos_sin, rotary_dim, slot_mapping = rotary
             assert k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin.stride(-1) == 1
             new_kv = (k, v, positions, cos_sin, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                      cos_sin.stride(0))
+                      cos_sin.stride(0), inverse(k_scale), inverse(v_scale))
             rot = dict(ROTARY=True, HALF=rotary_dim // 2, ROT=rotary_dim)
         else:
-            new_kv = (q, q, seq_lens, q, seq_lens, 0, 0, 0, 0, 0)  # unused
+            new_kv = (q, q, seq_lens, q, seq_lens, 0, 0, 0, 0, 0, 1.0, 1.0)  # unused
             rot = dict(ROTARY=False, HALF=1, ROT=2)
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
-            scale_log2, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
+            scale_log2, v_scale, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
             NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, LATE=late, **cfg,
             **common, **pdl_args(q))
         if splits > 1:
@@ -498,7 +517,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
     block_q = max(cfg["BLOCK_M"] // next_pow2(group), 1)
     grid = (triton.cdiv(T, block_q) + B, nkv)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale_log2, B, *strides,
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale_log2, v_scale, B, *strides,
         GROUP=group, GROUP_P2=next_pow2(group), BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
     return out

@@ -118,6 +118,58 @@ def make_tiny_hf_model(out_dir: str | Path, family: str = "llama", *, seed: int 
     return out
 
 
+# Where each family's HF checkpoint keeps a layer's attention projections (no `.weight`).
+_ATTENTION = {
+    "llama": ("model.layers.{i}.self_attn", "q_proj", "k_proj", "v_proj", "o_proj"),
+    "qwen2": ("model.layers.{i}.self_attn", "q_proj", "k_proj", "v_proj", "o_proj"),
+    "gptj": ("transformer.h.{i}.attn", "q_proj", "k_proj", "v_proj", "out_proj"),
+}
+KV_SCALE_NAMINGS = ("attention", "projection")  # self_attn.k_scale (compressed-tensors); k_proj.k_scale (ModelOpt)
+
+
+def add_fp8_kv_scales(hf_dir: str | Path, k_scale: float, v_scale: float, naming: str = "attention") -> Path:
+    """Make the tiny checkpoint in `hf_dir` one quantized for an fp8 KV cache, in place: every
+    layer's keys come out `k_scale` times larger and its values `v_scale` times larger, with q and
+    o divided to match (so the model computes the same function in exact arithmetic), and each
+    layer stores the per-tensor `k_scale` and `v_scale` a cache of e4m3 keys and values then needs,
+    named as `naming` (KV_SCALE_NAMINGS) says. A single `model.safetensors` of llama, qwen2 or gptj."""
+    from safetensors.torch import load_file, save_file
+
+    hf_dir = Path(hf_dir)
+    family = json.loads((hf_dir / "config.json").read_text())["model_type"]
+    path = hf_dir / "model.safetensors"
+    if family not in _ATTENTION or not path.is_file():
+        raise ValueError(f"add_fp8_kv_scales takes one model.safetensors of {', '.join(_ATTENTION)}; "
+                         f"{hf_dir} holds {family}")
+    if naming not in KV_SCALE_NAMINGS:
+        raise ValueError(f"naming {naming!r} is not one of {', '.join(KV_SCALE_NAMINGS)}")
+    attn, q, k, v, o = _ATTENTION[family]
+    tensors = load_file(str(path))
+    layers = 0
+    while any(name.startswith(attn.format(i=layers) + ".") for name in tensors):
+        layers += 1
+    for i in range(layers):
+        at = attn.format(i=i)
+        for proj, gain in ((q, 1 / k_scale), (k, k_scale), (v, v_scale)):  # q.k and the softmax unchanged
+            for kind in ("weight", "bias"):
+                if f"{at}.{proj}.{kind}" in tensors:
+                    tensors[f"{at}.{proj}.{kind}"] = tensors[f"{at}.{proj}.{kind}"] * gain
+        tensors[f"{at}.{o}.weight"] = tensors[f"{at}.{o}.weight"] / v_scale  # o's input is v_scale times larger
+        k_name, v_name = ((f"{at}.k_scale", f"{at}.v_scale") if naming == "attention"
+                          else (f"{at}.{k}.k_scale", f"{at}.{v}.v_scale"))
+        tensors[k_name] = _scalar(k_scale)
+        tensors[v_name] = _scalar(v_scale)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return hf_dir
+
+
+def _scalar(value: float):
+    """A 0-dimensional fp32 tensor, as checkpoints store per-tensor scales."""
+    import torch
+
+    return torch.tensor(value, dtype=torch.float32)
+
+
 def _save_quietly(model, out: Path, **kwargs: Any) -> None:
     """save_pretrained without its progress bar on stderr (restoring the caller's setting)."""
     from transformers.utils import logging as hf_logging

@@ -28,6 +28,7 @@ from safetensors import safe_open
 from shardline.config import ConfigError, EngineConfig
 from shardline.gemm_tuning import GemmTable
 from shardline.kernels._dispatch import TRITON_DISABLED
+from shardline.kernels.attention import NO_SCALES
 from shardline.kernels.embedding import resolve_ids
 from shardline.manifest import Manifest, sha256_file
 from shardline.model.transformer import StageModel, StepMetadata
@@ -109,9 +110,9 @@ class StageEngine:
         self.kv_cache = KVCache(self.spec.num_layers, num_blocks, config.block_size, num_kv_heads,
                                 cfg.head_dim, self.kv_dtype, self.device)
         self.kv_layers = self.kv_cache.layers()
-        log.info("stage %d rank %d: KV cache (%s) of %d blocks x %d tokens = %d tokens (%d sequences of 2,048)",
-                 stage, tp.rank, str(self.kv_dtype).removeprefix("torch."), num_blocks, config.block_size,
-                 num_blocks * config.block_size, num_blocks * config.block_size // 2048)
+        log.info("stage %d rank %d: KV cache (%s%s) of %d blocks x %d tokens = %d tokens (%d sequences of 2,048)",
+                 stage, tp.rank, str(self.kv_dtype).removeprefix("torch."), self._kv_scales_note(), num_blocks,
+                 config.block_size, num_blocks * config.block_size, num_blocks * config.block_size // 2048)
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.graphs = None
         if self.device.type == "cuda" and config.use_cuda_graphs and not TRITON_DISABLED:
@@ -154,6 +155,13 @@ class StageEngine:
         self.num_steps, self.num_tokens, self.busy_seconds = 0, 0, 0.0
         log.info("stage %d rank %d: warmed up the eager kernels on prompts of %s tokens in %.1f s", self.stage,
                  self.tp.rank, token_counts, time.perf_counter() - started)
+
+    def _kv_scales_note(self) -> str:
+        """What the log says of the checkpoint's KV-cache scales (attention.KVScales)."""
+        if all(layer.kv_scales == NO_SCALES for layer in self.model.layers):
+            return ", no scales" if self.kv_dtype.itemsize == 1 else ""
+        return (", k/v scales from the checkpoint" if self.kv_dtype.itemsize == 1
+                else "; the checkpoint's k/v scales are for an fp8 cache (--kv-cache-dtype fp8) and go unused")
 
     def _kv_budget(self) -> int:
         if self.config.kv_cache_bytes is not None:

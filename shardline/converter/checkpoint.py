@@ -101,6 +101,14 @@ class HFCheckpoint:
             return tuple(self._torch[stored].shape)
         return tuple(self._safetensors[stored].get_slice(stored).get_shape())
 
+    def value(self, name: str) -> float:
+        """The one value of tensor `name` (a per-tensor scale, stored as shape [] or [1])."""
+        stored = self._stored(name)
+        t = self._torch[stored] if stored in self._torch else self._safetensors[stored].get_tensor(stored)
+        if t.numel() != 1:
+            raise ConfigError(f"checkpoint tensor {name!r} has shape {list(t.shape)}; a per-tensor scale has one value")
+        return float(t.reshape(-1)[0].float())
+
     def load(self, name: str, rows: Span | None = None, cols: Span | None = None) -> torch.Tensor:
         """Rows `[rows)` and columns `[cols)` of tensor `name` (all when None), as a new tensor."""
         stored = self._stored(name)

@@ -20,9 +20,10 @@ import torch
 
 from shardline.config import DTYPES, ConfigError, ModelConfig, check_tensor_parallel, split_layers
 from shardline.converter.checkpoint import HFCheckpoint
-from shardline.converter.families import plan_shard
+from shardline.converter.families import FAMILY_NAMES, kv_scale_candidates, plan_shard
 from shardline.converter.plan import OutTensor, check_sources, materialize
 from shardline.converter.safetensors_writer import TensorSpec, WrittenFile, write_safetensors
+from shardline.kernels.attention import KVScales
 from shardline.kernels.quant import WEIGHT_ONLY
 from shardline.manifest import Manifest, ShardSpec, StageSpec, shard_file
 from shardline.wire import MODEL_DTYPES
@@ -48,9 +49,10 @@ def convert(hf_dir: str | Path, out_dir: str | Path, tp: int, pp: int, dtype: st
     _check_out_dir(hf_dir, out_dir, overwrite)
 
     with HFCheckpoint(hf_dir) as ckpt:
+        kv_scales = find_kv_scales(ckpt, cfg)
         for s in range(pp):
             for r in range(tp):
-                check_sources(plan_shard(cfg, ranges[s], tp, r), ckpt)
+                check_sources(plan_shard(cfg, ranges[s], tp, r, kv_scales), ckpt)
         tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -59,7 +61,7 @@ def convert(hf_dir: str | Path, out_dir: str | Path, tp: int, pp: int, dtype: st
             for s in range(pp):
                 (tmp / f"stage-{s}").mkdir()
                 for r in range(tp):
-                    written = write_shard(tmp / shard_file(s, r), plan_shard(cfg, ranges[s], tp, r), ckpt,
+                    written = write_shard(tmp / shard_file(s, r), plan_shard(cfg, ranges[s], tp, r, kv_scales), ckpt,
                                           MODEL_DTYPES[dtype], quantization)
                     shards.append(ShardSpec(stage=s, rank=r, file=shard_file(s, r),
                                             sha256=written.sha256, bytes=written.bytes))
@@ -75,6 +77,29 @@ def convert(hf_dir: str | Path, out_dir: str | Path, tp: int, pp: int, dtype: st
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return manifest
+
+
+def find_kv_scales(ckpt: HFCheckpoint, cfg: ModelConfig) -> dict[int, tuple[str, str]] | None:
+    """Each layer's (k, v) scale sources for an fp8 KV cache, where the checkpoint has them
+    (families.kv_scale_candidates); None where no layer has any. Every layer must have them once
+    one does, and each must be one positive, finite value; raises ConfigError naming the tensor."""
+    names = FAMILY_NAMES[cfg.architecture]
+    found: dict[int, tuple[str, str]] = {}
+    for i in range(cfg.num_layers):
+        pair = next(((k, v) for k, v in kv_scale_candidates(names, i) if ckpt.has(k) and ckpt.has(v)), None)
+        if pair is not None:
+            try:
+                KVScales.check(ckpt.value(pair[0]), ckpt.value(pair[1]), f"checkpoint tensors {pair[0]!r}, {pair[1]!r}")
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            found[i] = pair
+    if found and len(found) < cfg.num_layers:
+        missing = next(i for i in range(cfg.num_layers) if i not in found)
+        k, v = kv_scale_candidates(names, missing)[0]
+        raise ConfigError(f"checkpoint {ckpt.dir} has KV-cache scales for {len(found)} of {cfg.num_layers} layers "
+                          f"but none for layer {missing} (looked for {k} and {v}, and the other namings); give "
+                          f"a checkpoint quantized whole, or remove the scales")
+    return found or None
 
 
 def read_hf_config(hf_dir: Path) -> dict[str, Any]:
@@ -108,7 +133,7 @@ def write_shard(path: Path, plan: list[OutTensor], ckpt: HFCheckpoint, dtype: to
             specs += [TensorSpec(out.name, q_dtype, out.shape),
                       TensorSpec(out.name + "_scale", dtype, out.shape[:1])]
         else:
-            specs.append(TensorSpec(out.name, dtype, out.shape))
+            specs.append(TensorSpec(out.name, out.dtype or dtype, out.shape))
 
     def tensors() -> Iterator[torch.Tensor]:
         # `del` after each yield: the generator must not keep the previous tensor alive while
@@ -121,7 +146,7 @@ def write_shard(path: Path, plan: list[OutTensor], ckpt: HFCheckpoint, dtype: to
                 yield scale
                 del scale
             else:
-                t = materialize(ckpt, out, dtype)
+                t = materialize(ckpt, out, out.dtype or dtype)
                 yield t
                 del t
 

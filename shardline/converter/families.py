@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from shardline.config import ModelConfig
 from shardline.converter.plan import OutTensor, Piece, cols, rows, whole
 
@@ -65,13 +67,26 @@ FAMILY_NAMES = {
 }
 
 
+def kv_scale_candidates(names: HFNames, i: int) -> list[tuple[str, str]]:
+    """Where checkpoints quantized for an fp8 KV cache keep layer i's k and v scales, most common
+    first: on the attention module (compressed-tensors), on k_proj and v_proj (ModelOpt; older
+    compressed-tensors as `output_scale`), or one `kv_scale` for both (older still)."""
+    k, v = names.k.format(i=i), names.v.format(i=i)
+    attn = k.rsplit(".", 1)[0]
+    return [(f"{attn}.k_scale", f"{attn}.v_scale"), (f"{k}.k_scale", f"{v}.v_scale"),
+            (f"{k}.output_scale", f"{v}.output_scale"), (f"{attn}.kv_scale", f"{attn}.kv_scale")]
+
+
 def rotate_half_order(head_dim: int, rotary_dim: int) -> list[int]:
     """Row order taking one GPT-J head (interleaved rotary pairs) to rotate-half layout."""
     return [*range(0, rotary_dim, 2), *range(1, rotary_dim, 2), *range(rotary_dim, head_dim)]
 
 
-def plan_shard(cfg: ModelConfig, layers: tuple[int, int], tp: int, rank: int) -> list[OutTensor]:
-    """Output tensors of the shard holding global layers `[layers)` on tensor-parallel `rank`."""
+def plan_shard(cfg: ModelConfig, layers: tuple[int, int], tp: int, rank: int,
+               kv_scales: dict[int, tuple[str, str]] | None = None) -> list[OutTensor]:
+    """Output tensors of the shard holding global layers `[layers)` on tensor-parallel `rank`;
+    `kv_scales`: each layer's (k, v) scale sources, where the checkpoint has them (every rank
+    gets the same per-tensor values, as fp32 `layers.{i}.k_scale` and `v_scale`)."""
     names = FAMILY_NAMES[cfg.architecture]
     first, last = layers[0] == 0, layers[1] == cfg.num_layers
     plan: list[OutTensor] = []
@@ -82,6 +97,9 @@ def plan_shard(cfg: ModelConfig, layers: tuple[int, int], tp: int, rank: int) ->
                 whole(names.positions + ".weight", (cfg.max_position_embeddings, cfg.hidden_size)),)))
     for i in range(*layers):
         plan += _layer(cfg, names, i, tp, rank)
+        if kv_scales:
+            plan += [OutTensor(f"layers.{i}.{kind}_scale", (Piece(source, (1,), scalar=True),), dtype=torch.float32)
+                     for kind, source in zip("kv", kv_scales[i])]
     if last:
         plan += _norm("norm", names.final_norm, cfg)
         head = names.embed if cfg.tie_word_embeddings else names.lm_head

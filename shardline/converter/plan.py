@@ -30,9 +30,12 @@ class Piece:
     conv1d: bool = False  # stored as [in, out]
     row_order: tuple[int, ...] | None = None  # permutation of the sliced rows (GPT-J rotary)
     pad_rows: int = 0  # zero rows appended (vocab padding)
+    scalar: bool = False  # one value (a per-tensor scale), stored as shape [] or [1]; written as [1]
 
     @property
     def out_shape(self) -> tuple[int, ...]:
+        if self.scalar:
+            return (1,)
         n = self.rows[1] - self.rows[0] if self.rows else self.shape[0]
         if len(self.shape) == 1:
             return (n + self.pad_rows,)
@@ -45,6 +48,7 @@ class OutTensor:
 
     name: str
     pieces: tuple[Piece, ...]
+    dtype: torch.dtype | None = None  # None: the conversion's --dtype
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -80,6 +84,11 @@ def check_sources(plan: list[OutTensor], ckpt: HFCheckpoint) -> None:
             if not ckpt.has(p.source):
                 raise ConfigError(f"checkpoint {ckpt.dir} has no tensor {p.source!r} (needed for {out.name})")
             stored = ckpt.shape(p.source)
+            if p.scalar:
+                if stored not in ((), (1,)):
+                    raise ConfigError(f"checkpoint tensor {p.source!r} has shape {list(stored)}; a per-tensor scale "
+                                      f"has one value")
+                continue
             oriented = stored[::-1] if p.conv1d else stored
             if oriented != p.shape:
                 raise ConfigError(f"checkpoint tensor {p.source!r} has shape {list(stored)}, but config.json "
@@ -87,6 +96,8 @@ def check_sources(plan: list[OutTensor], ckpt: HFCheckpoint) -> None:
 
 
 def load_piece(ckpt: HFCheckpoint, p: Piece) -> torch.Tensor:
+    if p.scalar:
+        return torch.tensor([ckpt.value(p.source)], dtype=torch.float32)
     if p.conv1d and len(p.shape) == 2:
         t = ckpt.load(p.source, p.cols, p.rows).t()
     else:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shardline.config import ModelConfig
+from shardline.config import ConfigError, ModelConfig
 from shardline.kernels import _dispatch, attention, norm, rotary
 from shardline.kernels.argmax import argmax_rows
 from shardline.kernels.embedding import embed_rows, resolve_ids
@@ -72,6 +72,22 @@ def fold_norm_weight(w: dict[str, torch.Tensor], norm_name: str, linear_name: st
         w[norm_name] = torch.ones_like(g)
 
 
+def kv_scales(w: dict[str, torch.Tensor], prefix: str) -> attention.KVScales:
+    """The layer's fp8 KV-cache scales (`{prefix}k_scale` and `v_scale`, from a checkpoint that has
+    them: docs/shard-format.md), else 1."""
+    k, v = w.get(f"{prefix}k_scale"), w.get(f"{prefix}v_scale")
+    if k is None and v is None:
+        return attention.NO_SCALES
+    if k is None or v is None:
+        have, lack = ("v_scale", "k_scale") if k is None else ("k_scale", "v_scale")
+        raise ConfigError(f"the shard has {prefix}{have} but no {prefix}{lack}; an fp8 KV cache needs both or "
+                          f"neither: re-run `shardline convert`")
+    try:
+        return attention.KVScales.check(float(k.reshape(-1)[0]), float(v.reshape(-1)[0]), f"layer {prefix}")
+    except ValueError as e:
+        raise ConfigError(f"{e}; re-convert from a checkpoint with valid scales") from None
+
+
 def _gemv_norm(n: Norm) -> bool:
     """The decode GEMV runs this norm inside it: RMSNorm without a bias, or LayerNorm with one
     (unless SHARDLINE_GEMV_LAYERNORM=0, the A/B switch)."""
@@ -99,6 +115,7 @@ class DecoderLayer:
         self.num_heads = cfg.num_heads // tp.size
         self.num_kv_heads = cfg.num_kv_heads // tp.size
         self.scale = cfg.head_dim ** -0.5
+        self.kv_scales = kv_scales(w, prefix)
         self.input_norm = Norm(cfg, w[f"{prefix}input_norm.weight"], w.get(f"{prefix}input_norm.bias"))
         self.post_attention_norm = None
         if not cfg.parallel_residual:
@@ -139,16 +156,16 @@ class DecoderLayer:
             o = attention.rotary_decode_attention(q, k, v, meta.positions, self.cos_sin, self.cfg.rotary_dim,
                                                   k_cache, v_cache, meta.slot_mapping, meta.block_tables,
                                                   meta.seq_lens, meta.query_start_loc, self.scale,
-                                                  max_seq_len=meta.max_seq_len)
+                                                  max_seq_len=meta.max_seq_len, kv_scales=self.kv_scales)
         else:
             if self.cos_sin is not None:  # rotary fused with the cache write: rotated k goes straight there
                 q = rotary.apply_rotary_and_write_kv(q, k, v, meta.positions, self.cos_sin, self.cfg.rotary_dim,
-                                                     k_cache, v_cache, meta.slot_mapping)
+                                                     k_cache, v_cache, meta.slot_mapping, self.kv_scales)
             else:
-                attention.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+                attention.write_kv(k, v, k_cache, v_cache, meta.slot_mapping, self.kv_scales)
             o = attention.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                           meta.query_start_loc, self.scale, max_query_len=meta.max_query_len,
-                                          max_seq_len=meta.max_seq_len)  # (T, nh, hd)
+                                          max_seq_len=meta.max_seq_len, kv_scales=self.kv_scales)  # (T, nh, hd)
         return o.reshape(T, q_size)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:

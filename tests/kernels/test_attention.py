@@ -6,7 +6,7 @@ import torch
 from kernel_testing import (ROTATED_ATOL, assert_close, assert_exact, assert_fp8_matches, poison_allocator,
                             skip_interpreted_bf16_dot)
 from shardline.kernels import _dispatch
-from shardline.kernels.attention import paged_attention, paged_attention_ref, write_kv, write_kv_ref
+from shardline.kernels.attention import KVScales, paged_attention, paged_attention_ref, write_kv, write_kv_ref
 
 
 def make_paged_batch(seqs, num_heads, num_kv_heads, head_dim, block_size=16, dtype=torch.float32,
@@ -95,6 +95,46 @@ def test_fp8_cache_reference_rounds_saturates_and_widens():
     assert torch.equal(paged_attention_ref(q, **kw), paged_attention_ref(q, **wide))
 
 
+SCALES = [KVScales(), KVScales(0.37, 0.019)]
+SCALE_IDS = ["unscaled", "scaled"]
+
+
+def test_fp8_cache_scales_keep_keys_off_saturation_and_values_off_subnormals():
+    """Keys of magnitude ~2,000 saturate an unscaled e4m3 cache and values of ~0.003 fall into its
+    subnormals; with each tensor's scale (its largest magnitude / 448) both keep e4m3's relative
+    precision, and attention over the cache stays near attention over the exact K and V. The
+    cache holds value / scale; attention multiplies back."""
+    torch.manual_seed(0)
+    q, kw = make_paged_batch(MIXED, 6, 2, 16)
+    kw["k_cache"].mul_(2000.0)
+    kw["v_cache"].mul_(0.003)
+    exact = paged_attention_ref(q, **kw).double()
+    scales = KVScales(kw["k_cache"].abs().max().item() / 448, kw["v_cache"].abs().max().item() / 448)
+
+    def error(kv_scales: KVScales) -> float:
+        k, v = torch.zeros_like(kw["k_cache"], dtype=FP8), torch.zeros_like(kw["v_cache"], dtype=FP8)
+        nkv, hd = k.shape[2], k.shape[3]
+        slots = torch.arange(k.shape[0] * k.shape[1])
+        write_kv_ref(kw["k_cache"].view(-1, nkv, hd), kw["v_cache"].view(-1, nkv, hd), k, v, slots, kv_scales)
+        if kv_scales != KVScales():
+            assert k.float().abs().max() == 448 and torch.equal(
+                k.float(), (kw["k_cache"] * (1 / kv_scales.k)).clamp(-448, 448).to(FP8).float())
+        out = paged_attention_ref(q, **dict(kw, k_cache=k, v_cache=v), kv_scales=kv_scales).double()
+        return ((out - exact).norm() / exact.norm()).item()
+
+    scaled, unscaled = error(scales), error(KVScales())
+    assert scaled < 0.1, f"attention over the scaled e4m3 cache is {scaled:.3f} off"
+    assert unscaled > 5 * scaled, f"unscaled {unscaled:.3f} against scaled {scaled:.3f}: the case is not one scales fix"
+
+
+def test_a_bad_checkpoint_scale_is_named():
+    with pytest.raises(ValueError, match=r"layer 3: v_scale is 0.0; a KV-cache scale must be positive and finite"):
+        KVScales.check(0.5, 0.0, "layer 3")
+    with pytest.raises(ValueError, match=r"k_scale is nan"):
+        KVScales.check(float("nan"), 1.0, "layer 3")
+    assert KVScales.check(0.5, 2, "layer 3") == KVScales(0.5, 2.0)
+
+
 def test_public_names_run_the_reference_on_cpu():
     q, kw = make_paged_batch(MIXED, 6, 2, 16)
     if _dispatch.use_triton(q):
@@ -115,10 +155,10 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 HEADS = [(6, 2, 64), (32, 8, 128), (4, 4, 16), (16, 16, 256)]
 
 
-def _check(q, kw, what, **hints):
+def _check(q, kw, what, kv_scales=KVScales(), **hints):
     poison_allocator(q)
-    out = paged_attention(q, **kw, **hints)
-    assert_close(out, paged_attention_ref(q, **kw), what)
+    out = paged_attention(q, **kw, **hints, kv_scales=kv_scales)
+    assert_close(out, paged_attention_ref(q, **kw, kv_scales=kv_scales), what)
 
 
 @pytest.mark.gpu
@@ -268,14 +308,17 @@ def test_write_kv_triton(device, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_write_kv_triton_fp8_cache(device, dtype):
-    """k/v of any dtype into an fp8 cache: the reference's rounding, bit for bit, saturating."""
+@pytest.mark.parametrize("scales", SCALES, ids=SCALE_IDS)
+def test_write_kv_triton_fp8_cache(device, dtype, scales):
+    """k/v of any dtype into an fp8 cache: the reference's rounding (of k / the k scale, v / the v
+    scale), bit for bit, saturating."""
     T, nkv, hd = 7, 2, 64
-    k, v = (torch.randn(T, nkv, hd, device=device) * 200).to(dtype), torch.randn(T, nkv, hd, device=device).to(dtype)
+    k = (torch.randn(T, nkv, hd, device=device) * 200 * scales.k).to(dtype)
+    v = (torch.randn(T, nkv, hd, device=device) * scales.v).to(dtype)
     slots = torch.randperm(5 * 16, device=device)[:T]
     caches = [torch.zeros((5, 16, nkv, hd), device=device, dtype=FP8) for _ in range(4)]
-    write_kv(k, v, caches[0], caches[1], slots)
-    write_kv_ref(k, v, caches[2], caches[3], slots)
+    write_kv(k, v, caches[0], caches[1], slots, scales)
+    write_kv_ref(k, v, caches[2], caches[3], slots, scales)
     assert_fp8_matches(caches[0], caches[2], "k in the cache")
     assert_fp8_matches(caches[1], caches[3], "v in the cache")
     assert caches[0].float().abs().max() == 448
@@ -284,11 +327,13 @@ def test_write_kv_triton_fp8_cache(device, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("seqs", [[(0, 1), (15, 1), (40, 1), (130, 1)], MIXED], ids=["decode", "mixed"])
-def test_attention_over_fp8_cache_triton(device, dtype, seqs):
-    """Both attention kernels read an e4m3 cache widened, as the reference does; a bf16 q's dots
-    with it run in fp16 (which the interpreter also runs right, unlike bf16 dots)."""
+@pytest.mark.parametrize("scales", SCALES, ids=SCALE_IDS)
+def test_attention_over_fp8_cache_triton(device, dtype, seqs, scales):
+    """Both attention kernels read an e4m3 cache widened, as the reference does, the k scale in
+    the scores' scale and the v scale on the output; a bf16 q's dots with it run in fp16 (which the
+    interpreter also runs right, unlike bf16 dots)."""
     q, kw = make_paged_batch(seqs, 32, 8, 128, dtype=dtype, device=device, cache_dtype=FP8)
-    _check(q, kw, "attention over an fp8 cache")
+    _check(q, kw, "attention over an fp8 cache", kv_scales=scales)
 
 
 @pytest.mark.gpu
@@ -361,7 +406,8 @@ def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_spli
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_splits", [1, 8])
-def test_rotary_decode_attention_triton_fp8_cache(device, dtype, num_splits):
+@pytest.mark.parametrize("scales", SCALES, ids=SCALE_IDS)
+def test_rotary_decode_attention_triton_fp8_cache(device, dtype, num_splits, scales):
     """The fused kernel over an fp8 cache: the new key and value rounded to e4m3 as the reference
     writes them, and attended over at that rounding (as the cached tokens are). A bf16 q's dots
     run in fp16 over the e4m3 cache, so the interpreter runs this one right too."""
@@ -376,13 +422,14 @@ def test_rotary_decode_attention_triton_fp8_cache(device, dtype, num_splits):
     real = len(ctx)
     want_k, want_v = kw["k_cache"].clone(), kw["v_cache"].clone()
     rq = apply_rotary_and_write_kv_ref(q[:real], k[:real], v[:real], positions[:real], cos_sin, 128, want_k, want_v,
-                                       slots[:real])
+                                       slots[:real], scales)
     out = paged_attention_triton(q, **kw, max_query_len=1, rotary=(k, v, positions, cos_sin, 128, slots),
-                                 decode_config=dict(decode_config_for(len(q), 128, FP8), splits=num_splits))
-    assert_fp8_matches(kw["k_cache"], want_k, "rotated new keys in the cache", ulps=1, atol=ROTATED_ATOL)
+                                 decode_config=dict(decode_config_for(len(q), 128, FP8), splits=num_splits),
+                                 kv_scales=scales)
+    assert_fp8_matches(kw["k_cache"], want_k, "rotated new keys in the cache", ulps=1, atol=ROTATED_ATOL / scales.k)
     assert_fp8_matches(kw["v_cache"], want_v, "new values in the cache")
     # The new token is attended over as it was written (the reference reads the kernel's cache).
-    want = paged_attention_ref(torch.cat([rq, q[real:]]), **kw)
+    want = paged_attention_ref(torch.cat([rq, q[real:]]), **kw, kv_scales=scales)
     assert_close(out[:real], want[:real], f"attention with rotary fused over an fp8 cache, {num_splits} splits")
 
 

@@ -5,6 +5,7 @@ import torch
 
 from kernel_testing import ROTATED_ATOL, assert_close, assert_exact, assert_fp8_matches
 from shardline.kernels import _dispatch
+from shardline.kernels.attention import KVScales
 from shardline.kernels.rotary import (apply_rotary, apply_rotary_and_write_kv,
                                       apply_rotary_and_write_kv_ref, apply_rotary_ref,
                                       rotary_cos_sin, rotary_inv_freq)
@@ -105,19 +106,21 @@ def test_apply_rotary_and_write_kv_triton(device, dtype, T, nh, nkv, hd, rd):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_apply_rotary_and_write_kv_triton_fp8_cache(device, dtype):
-    """The rotary kernel writes e4m3 k and v as the reference rounds them (saturating at +-448)."""
+@pytest.mark.parametrize("scales", [KVScales(), KVScales(0.37, 0.019)], ids=["unscaled", "scaled"])
+def test_apply_rotary_and_write_kv_triton_fp8_cache(device, dtype, scales):
+    """The rotary kernel writes e4m3 k and v as the reference rounds them (divided by the layer's
+    scales, saturating at +-448)."""
     T, nh, nkv, hd, rd = 9, 32, 8, 128, 128
     q, k, v = _qkv_views(T, nh, nkv, hd, dtype, device)
-    v.mul_(200)
+    v.mul_(200 * scales.v)
     positions = torch.randint(0, 4096, (T,), device=device)
     cos_sin = rotary_cos_sin(4096, rd, 10000.0, None, device=device)
     slots = torch.randperm(4 * 16, device=device)[:T]
     caches = [torch.zeros((4, 16, nkv, hd), device=device, dtype=torch.float8_e4m3fn) for _ in range(4)]
-    rq = apply_rotary_and_write_kv(q, k, v, positions, cos_sin, rd, caches[0], caches[1], slots)
-    want_q = apply_rotary_and_write_kv_ref(q, k, v, positions, cos_sin, rd, caches[2], caches[3], slots)
+    rq = apply_rotary_and_write_kv(q, k, v, positions, cos_sin, rd, caches[0], caches[1], slots, scales)
+    want_q = apply_rotary_and_write_kv_ref(q, k, v, positions, cos_sin, rd, caches[2], caches[3], slots, scales)
     assert_close(rq, want_q, "rotated q")
-    assert_fp8_matches(caches[0], caches[2], "rotated k in the cache", ulps=1, atol=ROTATED_ATOL)
+    assert_fp8_matches(caches[0], caches[2], "rotated k in the cache", ulps=1, atol=ROTATED_ATOL / scales.k)
     assert_fp8_matches(caches[1], caches[3], "v in the cache")
     assert caches[1].float().abs().max() == 448, "saturated, not NaN"
 

@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -20,6 +21,7 @@ from shardline.config import EngineConfig
 from shardline.converter import convert
 from shardline.sampling import SamplingParams
 from shardline.stage_worker.pipeline import LocalPipeline
+from shardline.tiny import add_fp8_kv_scales
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU path is "
@@ -42,6 +44,10 @@ def models(request, tmp_path_factory, tiny_hf):
     root = tmp_path_factory.mktemp(f"gpu-{request.param}")
     convert(hf, root / "fp32", tp=1, pp=2, dtype="fp32")
     convert(hf, root / "bf16", tp=1, pp=2, dtype="bf16")
+    if family != "gpt2":  # keys 37.5 times larger, values 80 times smaller, with their fp8 KV scales
+        shutil.copytree(hf, root / "hf-kv-scaled")
+        convert(add_fp8_kv_scales(root / "hf-kv-scaled", 37.5, 0.0125), root / "fp32-kv-scaled", tp=1, pp=2,
+                dtype="fp32")
     return root
 
 
@@ -100,14 +106,19 @@ def test_greedy_64_steps_fp32_identical_to_unoptimised_path(models):
     assert got == unoptimised(models / "fp32", PROMPTS, 64), "fused kernels/graphs changed greedy tokens"
 
 
-def test_greedy_64_steps_fp32_over_an_fp8_cache_identical_to_unoptimised_path(models):
+@pytest.mark.parametrize("weights", ["fp32", "fp32-kv-scaled"])
+def test_greedy_64_steps_fp32_over_an_fp8_cache_identical_to_unoptimised_path(models, weights):
     """An e4m3 KV cache: the kernels (the cache writes, rotary fused or not, both attention
-    kernels) and the graphs round K and V as the references do, so fp32 greedy tokens match."""
-    fast = LocalPipeline(models / "fp32", config=dataclasses.replace(GPU, kv_cache_dtype="fp8"))
+    kernels) and the graphs round K and V as the references do, so fp32 greedy tokens match; with
+    a checkpoint's per-tensor k and v scales too (divided out as written, multiplied back in the
+    scores' scale and on the output)."""
+    if not (models / weights).exists():
+        pytest.skip("add_fp8_kv_scales does not rescale GPT-2's fused c_attn")
+    fast = LocalPipeline(models / weights, config=dataclasses.replace(GPU, kv_cache_dtype="fp8"))
     assert fast.engines[0].kv_cache.k.dtype == torch.float8_e4m3fn
     got = fast.generate(PROMPTS, SamplingParams(max_tokens=64, ignore_eos=True))
     assert fast.engines[0].graphs.num_replays, "no decode step replayed a captured graph"
-    assert got == unoptimised(models / "fp32", PROMPTS, 64, kv_cache_dtype="fp8")
+    assert got == unoptimised(models / weights, PROMPTS, 64, kv_cache_dtype="fp8")
 
 
 def assert_reference_greedy_choices(model_dir, got) -> None:

@@ -5,6 +5,9 @@ rounding in tests/kernels and tests/stage_worker/test_gpu_engine.py."""
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
+
 import pytest
 import torch
 
@@ -74,3 +77,60 @@ def test_a_gpu_without_e4m3_conversions_is_refused_naming_the_fix(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert kv_cache_dtype("fp8", torch.bfloat16, torch.device("cuda")) == torch.float8_e4m3fn
     assert kv_cache_dtype("auto", torch.bfloat16, torch.device("cuda")) == torch.bfloat16
+
+
+# Keys 1,024 times larger saturate an unscaled e4m3 cache (+-448); values 1,024 times smaller fall
+# below its smallest subnormal (2^-9) and round to zero. Powers of two: fp32 stores them exactly.
+K_SCALE, V_SCALE = 1024.0, 2.0 ** -10
+
+
+@pytest.fixture(scope="module")
+def rescaled(tmp_path_factory, model):
+    """The `model` fixture's checkpoint with its keys K_SCALE and its values V_SCALE times larger
+    (q and o divided to match: the same function), converted with its scales and without them."""
+    from safetensors.torch import load_file, save_file
+
+    from shardline.tiny import add_fp8_kv_scales
+
+    root = tmp_path_factory.mktemp("kv-fp8-scaled")
+    hf = add_fp8_kv_scales(make_tiny_hf_model(root / "hf", "llama"), K_SCALE, V_SCALE)
+    convert(hf, root / "scaled", tp=1, pp=2, dtype="fp32")
+    state = load_file(hf / "model.safetensors")
+    save_file({n: t for n, t in state.items() if not n.endswith(("k_scale", "v_scale"))}, hf / "model.safetensors",
+              metadata={"format": "pt"})
+    convert(hf, root / "unscaled", tp=1, pp=2, dtype="fp32")
+    return root
+
+
+def test_a_checkpoints_kv_scales_bring_its_keys_and_values_into_e4m3s_range(model, rescaled):
+    """Over an e4m3 cache the rescaled model reads, with its checkpoint's scales, what the original
+    model reads (its logits within rounding of the original's over the same cache); without them
+    its keys saturate and its values vanish. Over a cache of the model's dtype the scales are
+    unused, and all three are one function."""
+    plain = LocalPipeline(model, config=FP8)
+    scaled = LocalPipeline(rescaled / "scaled", config=FP8)
+    unscaled = LocalPipeline(rescaled / "unscaled", config=FP8)
+    assert [layer.kv_scales for e in scaled.engines for layer in e.model.layers] == [(K_SCALE, V_SCALE)] * 6
+    exact = LocalPipeline(model, config=EngineConfig(num_blocks=64))
+    for prompt in PROMPTS:
+        want, fp8 = exact.logits(prompt), plain.logits(prompt)
+        fp8_err = (fp8 - want).abs().max().item()
+        scaled_err = (scaled.logits(prompt) - fp8).abs().max().item()
+        unscaled_err = (unscaled.logits(prompt) - want).abs().max().item()
+        assert scaled_err <= 0.1 * fp8_err, f"with scales {scaled_err:.3g} off the original over e4m3 ({fp8_err:.3g})"
+        assert unscaled_err > 5 * fp8_err, f"without scales only {unscaled_err:.3g} off: the case tests nothing"
+    for path in (rescaled / "scaled", rescaled / "unscaled"):
+        got = LocalPipeline(path, config=EngineConfig(num_blocks=64)).logits(PROMPTS[1])
+        assert torch.allclose(got, exact.logits(PROMPTS[1]), rtol=1e-4, atol=1e-4), f"{path.name} over fp32"
+
+
+def test_a_shard_with_one_scale_of_the_pair_is_refused(rescaled, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "model"
+    shutil.copytree(rescaled / "scaled", broken)
+    shard = broken / "stage-1" / "rank-0.safetensors"
+    save_file({n: t for n, t in load_file(shard).items() if n != "layers.4.v_scale"}, shard)
+    with pytest.raises(ConfigError, match=r"the shard has layers.4.k_scale but no layers.4.v_scale; an fp8 KV cache "
+                                          r"needs both or neither: re-run `shardline convert`"):
+        LocalPipeline(broken, config=dataclasses.replace(FP8, verify_checksums=False))
