@@ -22,6 +22,11 @@ if [ "${1:-}" = "--print-runs" ]; then
   echo "${REST_TESTS[*]}"
   exit 0
 fi
+if ! "$PY" -c "import shardline.kernels, shardline.stage_worker" 2>/dev/null; then
+  echo "gpu-tests.sh: $PY cannot import shardline's packages (shardline.kernels lives in kernels/); install it" \
+       "first: $PY -m pip install --no-build-isolation --no-deps -e ." >&2
+  exit 2
+fi
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "gpu-tests.sh: $PY sees no CUDA device; the GPU tests need one (on CPU, run scripts/test.sh)" >&2
   exit 2

@@ -24,6 +24,19 @@ def test_without_cuda_it_refuses_rather_than_skipping_everything():
     assert "no CUDA device" in out.stderr and "scripts/test.sh" in out.stderr, out.stderr
 
 
+
+def test_without_shardline_installed_it_names_the_install(tmp_path):
+    """A GPU machine's own Python (no virtualenv) finds ./shardline but not shardline.kernels, which
+    only the install maps to kernels/: the script says how to install rather than failing each test."""
+    bare = tmp_path / "python"
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")  # no site-packages, so no install
+    bare.chmod(0o755)
+    out = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=120, check=False,
+                         env={**os.environ, "PYTHON": str(bare)})
+    assert out.returncode == 2, out.stdout[-500:] + out.stderr[-500:]
+    assert "cannot import shardline's packages" in out.stderr and "pip install --no-build-isolation" in out.stderr, \
+        out.stderr
+
 def collected(args: list[str]) -> set[str]:
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-m", "gpu", "-p", "no:cacheprovider",
                           *args], capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
