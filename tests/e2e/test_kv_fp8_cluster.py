@@ -23,4 +23,4 @@ def test_a_cluster_with_fp8_caches_serves_the_engines_tokens(tmp_path):
         want = generate_local(cluster.model_dir, [prompt], SamplingParams(max_tokens=12, ignore_eos=True),
                               EngineConfig(num_blocks=64, kv_cache_dtype="fp8"))[0]
     assert got == want
-    assert len(logs) == 2 and all("KV cache (float8_e4m3fn) of 64 blocks" in text for text in logs), logs
+    assert len(logs) == 2 and all("KV cache (float8_e4m3fn, no scales) of 64 blocks" in text for text in logs), logs

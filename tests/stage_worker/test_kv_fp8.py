@@ -85,7 +85,7 @@ K_SCALE, V_SCALE = 1024.0, 2.0 ** -10
 
 
 @pytest.fixture(scope="module")
-def rescaled(tmp_path_factory, model):
+def rescaled(tmp_path_factory):
     """The `model` fixture's checkpoint with its keys K_SCALE and its values V_SCALE times larger
     (q and o divided to match: the same function), converted with its scales and without them."""
     from safetensors.torch import load_file, save_file
@@ -102,14 +102,17 @@ def rescaled(tmp_path_factory, model):
     return root
 
 
-def test_a_checkpoints_kv_scales_bring_its_keys_and_values_into_e4m3s_range(model, rescaled):
+def test_a_checkpoints_kv_scales_bring_its_keys_and_values_into_e4m3s_range(model, rescaled, caplog):
     """Over an e4m3 cache the rescaled model reads, with its checkpoint's scales, what the original
     model reads (its logits within rounding of the original's over the same cache); without them
     its keys saturate and its values vanish. Over a cache of the model's dtype the scales are
     unused, and all three are one function."""
+    caplog.set_level("INFO", logger="shardline.stage_worker")
     plain = LocalPipeline(model, config=FP8)
     scaled = LocalPipeline(rescaled / "scaled", config=FP8)
     unscaled = LocalPipeline(rescaled / "unscaled", config=FP8)
+    assert "KV cache (float8_e4m3fn, k/v scales from the checkpoint) of 64 blocks" in caplog.text, \
+        "the worker's log says which cache it reads the checkpoint's scales for"
     assert [layer.kv_scales for e in scaled.engines for layer in e.model.layers] == [(K_SCALE, V_SCALE)] * 6
     exact = LocalPipeline(model, config=EngineConfig(num_blocks=64))
     for prompt in PROMPTS:
