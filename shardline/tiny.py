@@ -133,6 +133,7 @@ def add_fp8_kv_scales(hf_dir: str | Path, k_scale: float, v_scale: float, naming
     o divided to match (so the model computes the same function in exact arithmetic), and each
     layer stores the per-tensor `k_scale` and `v_scale` a cache of e4m3 keys and values then needs,
     named as `naming` (KV_SCALE_NAMINGS) says. A single `model.safetensors` of llama, qwen2 or gptj."""
+    import torch
     from safetensors.torch import load_file, save_file
 
     hf_dir = Path(hf_dir)
@@ -157,17 +158,11 @@ def add_fp8_kv_scales(hf_dir: str | Path, k_scale: float, v_scale: float, naming
         tensors[f"{at}.{o}.weight"] = tensors[f"{at}.{o}.weight"] / v_scale  # o's input is v_scale times larger
         k_name, v_name = ((f"{at}.k_scale", f"{at}.v_scale") if naming == "attention"
                           else (f"{at}.{k}.k_scale", f"{at}.{v}.v_scale"))
-        tensors[k_name] = _scalar(k_scale)
-        tensors[v_name] = _scalar(v_scale)
+        # 0-dimensional fp32 tensors, as checkpoints store per-tensor scales
+        tensors[k_name] = torch.tensor(k_scale, dtype=torch.float32)
+        tensors[v_name] = torch.tensor(v_scale, dtype=torch.float32)
     save_file(tensors, str(path), metadata={"format": "pt"})
     return hf_dir
-
-
-def _scalar(value: float):
-    """A 0-dimensional fp32 tensor, as checkpoints store per-tensor scales."""
-    import torch
-
-    return torch.tensor(value, dtype=torch.float32)
 
 
 def _save_quietly(model, out: Path, **kwargs: Any) -> None:

@@ -28,7 +28,7 @@ from safetensors import safe_open
 from shardline.config import ConfigError, EngineConfig
 from shardline.gemm_tuning import GemmTable
 from shardline.kernels._dispatch import TRITON_DISABLED
-from shardline.kernels.attention import NO_SCALES
+from shardline.kernels.attention import NO_SCALES, is_fp8
 from shardline.kernels.embedding import resolve_ids
 from shardline.manifest import Manifest, sha256_file
 from shardline.model.transformer import StageModel, StepMetadata
@@ -159,8 +159,8 @@ class StageEngine:
     def _kv_scales_note(self) -> str:
         """What the log says of the checkpoint's KV-cache scales (attention.KVScales)."""
         if all(layer.kv_scales == NO_SCALES for layer in self.model.layers):
-            return ", no scales" if self.kv_dtype.itemsize == 1 else ""
-        return (", k/v scales from the checkpoint" if self.kv_dtype.itemsize == 1
+            return ", no scales" if is_fp8(self.kv_dtype) else ""
+        return (", k/v scales from the checkpoint" if is_fp8(self.kv_dtype)
                 else "; the checkpoint's k/v scales are for an fp8 cache (--kv-cache-dtype fp8) and go unused")
 
     def _kv_budget(self) -> int:
