@@ -34,12 +34,14 @@ HEADS = sorted(n for n, c in SHAPES.items() if c["position"] == "rotary")
 
 
 def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False, opaque_bt: bool = False,
-                   heads: str = "llama3-8b", rotary: bool = True, maxnreg: int | None = None, late: bool = False):
+                   heads: str = "llama3-8b", rotary: bool = True, maxnreg: int | None = None, late: bool = False,
+                   trace: bool = False):
     """The decode kernel as the engine launches it at batch <= 64 (one query row a sequence, no
     context splits), for sm_90; `early_kv`, `opaque_bt`: the config keys EARLY_KV and OPAQUE_BT;
     `heads` a rotary shape of random_weights.SHAPES; `rotary` False: the kernel that
     rotary_decode_attention runs after the rotary kernel (FUSE_ROTARY false); `maxnreg` caps registers a thread (the config key);
-    `late`: the LATE key (the next kernel launches once every program has left its loop)."""
+    `late`: the LATE key (the next kernel launches once every program has left its loop); `trace`:
+    kernels/trace.py's timeline stores."""
     shape = SHAPES[heads]
     group, hd, rot = shape["num_heads"] // shape["num_kv_heads"], shape["head_dim"], shape["rotary_dim"]
     fn = _decode_kernel
@@ -48,13 +50,13 @@ def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False
     sig |= {"cos_sin_ptr": "*fp32", "bt_ptr": "*i32", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32",
             "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64",
             "scale_log2": "fp32", "v_scale": "fp32", "k_inv_scale": "fp32", "v_inv_scale": "fp32",
-            "num_seqs": "i32", "num_heads": "i32"}
+            "num_seqs": "i32", "num_heads": "i32", "trace_ptr": "*i64"}
     sig |= {n: "i32" for n in order if n.startswith("stride")}
     constexprs = dict(GROUP=group, GROUP_P2=max(next_pow2(group), 16), HEAD_DIM=hd,
                       HEAD_DIM_P2=max(next_pow2(hd), 16), BLOCK_SIZE=16, BLOCK_N=block_n,
                       NUM_SPLITS=1, SEQS_BLOCK=64, DOT_PRECISION="tf32", ROTARY=rotary, HALF=rot // 2 if rotary else 1,
                       ROT=rot if rotary else 2, ONE_ROW=True,
-                      EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, LATE=late, USE_PDL=True)
+                      EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, LATE=late, TRACE=trace, USE_PDL=True)
     sig |= {k: "constexpr" for k in constexprs}
     aligned = [n for n in order if sig[n].startswith("*") or n.startswith("stride")]
     src = ASTSource(fn=fn, signature={n: sig[n] for n in order},

@@ -22,9 +22,9 @@ from benchmarks.gemv_registers import _ptxas
 
 
 def compile_ring(block_n: int, block_k: int, stages: int, split_k: int, glu: bool, fold: str, maxnreg: int = 0,
-                 late: bool = False):
+                 late: bool = False, trace: bool = False):
     """The ring kernel as ring_linear_gluon launches it for a tiled config at 64 rows, for sm_90
-    (`late`: the LATE key)."""
+    (`late`: the LATE key; `trace`: kernels/trace.py's timeline stores)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -35,13 +35,13 @@ def compile_ring(block_n: int, block_k: int, stages: int, split_k: int, glu: boo
     w_layout = gl.NVMMASharedLayout.get_default_for([block_n, block_k], gl.bfloat16)
     sig = {"x_desc": f"tensordesc<bf16[64, {block_k}],{x_layout!r}>",
            "w_desc": f"tensordesc<bf16[{block_n}, {block_k}],{w_layout!r}>",
-           "count_ptr": "*i32", "eps": "fp32"}
+           "count_ptr": "*i32", "eps": "fp32", "trace_ptr": "*i64"}
     sig |= {n: "*bf16" for n in ("bias_ptr", "out_ptr", "res_ptr")}
     sig |= {n: "*fp32" for n in ("part_ptr", "ss_in_ptr", "ss_out_ptr")}
     sig |= {n: "i32" for n in ("M", "N", "K", "stride_om", "total_runs", "programs", "oob_row", "ss_parts", "stride_res")}
     constexprs = dict(BLOCK_N=block_n, HAS_BIAS=False, GLU=glu, SPLIT_K=split_k, STAGES=stages, EARLY=stages,
                       ROW_NORM=fold == "norm", PARTS_P2=32, RESIDUAL=fold == "res", USE_PDL=True, LATE=late,
-                      num_warps=4)
+                      TRACE=trace, num_warps=4)
     sig |= {k: "constexpr" for k in constexprs}
     src = GluonASTSource(fn=fn, signature={n: sig[n] for n in order},
                          constexprs={(order.index(k),): v for k, v in constexprs.items()})

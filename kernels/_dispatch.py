@@ -17,6 +17,8 @@ The only place the kernels read the environment, once, at import:
     SHARDLINE_GEMV_LAYERNORM=0   batch-1 decode leaves LayerNorm layers (GPT-J, GPT-2) to separate
                                  norm, activation and add kernels instead of fusing them into the
                                  GEMVs (model/transformer.py): an A/B switch
+    SHARDLINE_TRACE_PROGRAMS=1   the decode GEMMs and attention write every program's timeline
+                                 (kernels/trace.py; a diagnostic for benchmarks/program_trace.py)
     TRITON_INTERPRET=1           Triton's own interpreter switch; with it, CPU tensors take the
                                  Triton path too (slow; lets kernel tests run without a GPU)
 
@@ -39,6 +41,7 @@ TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 PDL_DISABLED = os.environ.get("SHARDLINE_PDL", "1") in ("", "0")
 FOLD_NORMS = os.environ.get("SHARDLINE_FOLD_NORMS", "1") not in ("", "0")
 GEMV_LAYERNORM = os.environ.get("SHARDLINE_GEMV_LAYERNORM", "1") not in ("", "0")
+TRACE_PROGRAMS = os.environ.get("SHARDLINE_TRACE_PROGRAMS", "0") not in ("", "0")
 GEMV_PDL_ENABLED = {"": None, "0": False}.get(os.environ.get("SHARDLINE_GEMV_PDL", ""), True)
 
 

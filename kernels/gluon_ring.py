@@ -39,9 +39,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from . import trace
 from ._dispatch import use_pdl
 from .quant import RING_MAX_M as MAX_M
 from .quant import ring_fits
+from .triton_pdl import T_EXIT, T_FIRST, T_LOOP_END, T_START, T_WAITED, T_WORDS
 from .triton_quant import FoldArgs, _tile_counters
 
 BLOCK_M = gl.constexpr(MAX_M)  # one warpgroup's wgmma rows: x's tile, whatever M <= 64 is
@@ -56,6 +58,18 @@ def _gdc_wait():
 def _gdc_launch_dependents():
     gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                               pack=1)
+
+
+@gluon.jit
+def _stamp(trace_ptr, program, FIELD: gl.constexpr, TRACE: gl.constexpr):
+    """kernels/trace.py's timeline word FIELD of this program (at T_EXIT also its multiprocessor),
+    as triton_pdl.trace_stamp writes it."""
+    if TRACE:
+        now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+        gl.store(trace_ptr + program * T_WORDS + FIELD, now)
+        if FIELD == T_EXIT:
+            sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=True, pack=1)
+            gl.store(trace_ptr + program * T_WORDS + T_WORDS - 1, sm.to(gl.int64))
 
 
 @gluon.jit
@@ -110,9 +124,9 @@ def _producer(x_desc, w_desc, x_ring, w_ring, ready, empty, row, up_row, k_lo, k
 
 @gluon.jit
 def _consumer(x_ring, w_ring, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, M, K, row,
-              row_end, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GLU: gl.constexpr, ROW_NORM: gl.constexpr,
-              PARTS_P2: gl.constexpr, RESIDUAL: gl.constexpr, USE_PDL: gl.constexpr, LATE: gl.constexpr,
-              num_warps: gl.constexpr):
+              row_end, trace_ptr, program, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GLU: gl.constexpr,
+              ROW_NORM: gl.constexpr, PARTS_P2: gl.constexpr, RESIDUAL: gl.constexpr, USE_PDL: gl.constexpr,
+              LATE: gl.constexpr, TRACE: gl.constexpr, num_warps: gl.constexpr):
     """The warpgroup: acc (and acc_up) [64, BLOCK_N] fp32 over this split's K tiles; with the fold,
     also each row's 1 / rms (ROW_NORM) and the residual's tile (RESIDUAL), requested right after
     the PDL wait so that they land while the loop runs."""
@@ -120,6 +134,7 @@ def _consumer(x_ring, w_ring, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, r
         _gdc_wait()
         if not LATE:
             _gdc_launch_dependents()
+    _stamp(trace_ptr, program, T_WAITED, TRACE)
     out_layout: gl.constexpr = _out_layout(num_warps)
     rstd = gl.full((BLOCK_M,), 1.0, gl.float32, layout=gl.SliceLayout(1, out_layout))
     res = rstd  # a placeholder unless RESIDUAL
@@ -142,6 +157,9 @@ def _consumer(x_ring, w_ring, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, r
     for i in range(k_tiles):
         slot = i % STAGES
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        if TRACE:
+            if i == 0:
+                _stamp(trace_ptr, program, T_FIRST, TRACE)
         x = x_ring.index(slot)
         acc = warpgroup_mma(x, w_ring.index(slot * WT).permute((1, 0)), acc, is_async=True)
         if GLU:
@@ -165,16 +183,20 @@ def _out_layout(num_warps):
 @gluon.jit
 def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_om,
                         total_runs, programs, oob_row, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, ss_out_ptr,
-                        BLOCK_N: gl.constexpr, HAS_BIAS: gl.constexpr, GLU: gl.constexpr, SPLIT_K: gl.constexpr,
+                        trace_ptr, BLOCK_N: gl.constexpr, HAS_BIAS: gl.constexpr, GLU: gl.constexpr, SPLIT_K: gl.constexpr,
                         STAGES: gl.constexpr, EARLY: gl.constexpr, ROW_NORM: gl.constexpr, PARTS_P2: gl.constexpr,
-                        RESIDUAL: gl.constexpr, USE_PDL: gl.constexpr, LATE: gl.constexpr, num_warps: gl.constexpr):
+                        RESIDUAL: gl.constexpr, USE_PDL: gl.constexpr, LATE: gl.constexpr, TRACE: gl.constexpr,
+                        num_warps: gl.constexpr):
     """ROW_NORM and RESIDUAL: the fold of the RMSNorm before the product and the residual add
-    after it, as in the split-K kernel (triton_quant.py: row_rstd, residual_epilogue)."""
+    after it, as in the split-K kernel (triton_quant.py: row_rstd, residual_epilogue). TRACE:
+    each program's timeline at trace_ptr (kernels/trace.py)."""
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BOX: gl.constexpr = w_desc.block_type.shape[0]
     WT: gl.constexpr = 2 if GLU else 1
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
+    program = pid_n + gl.num_programs(0) * pid_k
+    _stamp(trace_ptr, program, T_START, TRACE)
     if BOX == BLOCK_N:  # tiles of BLOCK_N rows
         row = pid_n * BLOCK_N
         runs = 1
@@ -198,13 +220,15 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
         mbarrier.init(empty.index(s), count=1)
     acc, acc_up, rstd, res = gl.warp_specialize(
         [(_consumer, (x_ring, w_ring, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, M, K,
-                      row, row_end, BLOCK_N, STAGES, GLU, ROW_NORM, PARTS_P2, RESIDUAL, USE_PDL, LATE, num_warps)),
+                      row, row_end, trace_ptr, program, BLOCK_N, STAGES, GLU, ROW_NORM, PARTS_P2, RESIDUAL, USE_PDL,
+                      LATE, TRACE, num_warps)),
          (_producer, (x_desc, w_desc, x_ring, w_ring, ready, empty, row, N + row, k_lo, k_tiles, runs, oob_row,
                       BLOCK_N, STAGES, EARLY, GLU, USE_PDL))],
         [1], [40])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
+    _stamp(trace_ptr, program, T_LOOP_END, TRACE)
 
     out_layout: gl.constexpr = _out_layout(num_warps)
     acc = gl.convert_layout(acc, out_layout)
@@ -222,6 +246,7 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
         gl.thread_barrier()  # every thread's partial is written before the counter moves
         arrived = gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         if arrived != SPLIT_K - 1:
+            _stamp(trace_ptr, program, T_EXIT, TRACE)
             return
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=out_layout)
         acc_up = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=out_layout)
@@ -251,6 +276,7 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
         sq = gl.where(mask, y * y, 0.0)
         gl.store(ss_out_ptr + pid_n * M + offs_m, gl.sum(sq, axis=1), mask=offs_m < M)
     gl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], y.to(dtype), mask=mask)
+    _stamp(trace_ptr, program, T_EXIT, TRACE)
 
 
 def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, cfg: dict, plan: dict,
@@ -290,12 +316,13 @@ def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
         part, counters = out, out  # unused
     pdl = use_pdl(x2)
     cap = {"maxnreg": cfg["MAXNREG"]} if cfg.get("MAXNREG") else {}
+    trace_ptr, traced = trace.buffer(f"ring {N2}x{K}", plan["grid"][0] * plan["grid"][1], out)
     _ring_linear_kernel[plan["grid"]](
         x_desc, w_desc, bias if bias is not None else out, out, part, counters, M, N, K, out.stride(0),
-        plan["runs"], plan["programs"], N2, *fold.args, BLOCK_N=block_n,
+        plan["runs"], plan["programs"], N2, *fold.args, trace_ptr, BLOCK_N=block_n,
         HAS_BIAS=bias is not None, GLU=glu, SPLIT_K=split_k, STAGES=stages, EARLY=early,
         ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2, RESIDUAL=residual is not None, USE_PDL=pdl,
-        LATE=bool(cfg.get("LATE", 0)),
+        LATE=bool(cfg.get("LATE", 0)), TRACE=traced,
         num_warps=4, launch_pdl=pdl, **cap)
     if residual is not None:
         return out, fold.sum_squares

@@ -24,7 +24,8 @@ import triton.language as tl
 
 from . import _dispatch
 from ._dispatch import next_pow2, pdl_args, sm_count
-from .triton_pdl import pdl_trigger_late, pdl_wait
+from . import trace
+from .triton_pdl import T_EXIT, T_LOOP_END, T_START, T_WAITED, pdl_trigger_late, pdl_wait, trace_stamp
 from .attention import NO_SCALES, KVScales, inverse, is_fp8
 from .triton_rotary import as_cached, load_rotated
 
@@ -168,11 +169,12 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
                    k_new_ptr, v_new_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
                    stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h, stride_cs, k_inv_scale, v_inv_scale,
-                   GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   trace_ptr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
                    HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, SEQS_BLOCK: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
-                   EARLY_KV: tl.constexpr, OPAQUE_BT: tl.constexpr, LATE: tl.constexpr, USE_PDL: tl.constexpr):
+                   EARLY_KV: tl.constexpr, OPAQUE_BT: tl.constexpr, LATE: tl.constexpr, TRACE: tl.constexpr,
+                   USE_PDL: tl.constexpr):
     """`scale_log2` holds an fp8 cache's k scale, and an fp8 cache's output is multiplied by
     `v_scale` (KVScales: the products run on the stored values); the new token is written times
     `k_inv_scale` and `v_inv_scale` (ROTARY).
@@ -185,10 +187,14 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     ONE_ROW: every sequence has exactly one query row, in order (a decode step), so row r is
     sequence r and sees all its seq_len keys; no search of query_start_loc. Under PDL the program
     reads the step's metadata before its wait: the host wrote it before the step's first kernel,
-    and only q and the new token come from the kernel ahead."""
+    and only q and the new token come from the kernel ahead.
+
+    TRACE: each program's timeline at trace_ptr (kernels/trace.py)."""
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    program = row + tl.num_programs(0) * (kvh + tl.num_programs(1) * split)
+    trace_stamp(trace_ptr, program, T_START, TRACE)
     if ONE_ROW:
         b = row
         kv_len = tl.load(seq_lens_ptr + row)
@@ -224,6 +230,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
         k0, v0 = _load_kv_tiles(k_cache_ptr, v_cache_ptr, bt_row, offs0, mask0, d, dmask, kvh, stride_k_blk,
                                 stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE)
     pdl_wait(USE_PDL, LATE)
+    trace_stamp(trace_ptr, program, T_WAITED, TRACE)
     if ROTARY:
         q = load_rotated(q_rows, d[None, :], q_mask, cs_row, HALF, ROT)  # (G, D)
     else:
@@ -244,6 +251,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
         k, v = _load_kv_tiles(k_cache_ptr, v_cache_ptr, bt_row, offs_n, mask_n, d, dmask, kvh, stride_k_blk,
                               stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, BLOCK_SIZE, OPAQUE_BT)
         acc, l_i, m_i = _online_softmax_step(q, k, v, mask_n[None, :], acc, l_i, m_i, scale_log2, DOT_PRECISION)
+    trace_stamp(trace_ptr, program, T_LOOP_END, TRACE)
     pdl_trigger_late(USE_PDL, LATE)
     if ROTARY:
         if (kv_len > 0) & (kv_len - 1 >= lo) & (kv_len - 1 < hi):  # this split holds the new token
@@ -277,6 +285,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
         part = (row64 * num_heads + heads) * NUM_SPLITS + split  # (G,)
         tl.store(part_out_ptr + part[:, None] * HEAD_DIM_P2 + d[None, :], out, mask=omask)
         tl.store(part_lse_ptr + part, m_i + tl.log2(l_i), mask=gmask)  # -inf when empty
+    trace_stamp(trace_ptr, program, T_EXIT, TRACE)
 
 
 @triton.jit
@@ -503,9 +512,10 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         else:
             new_kv = (q, q, seq_lens, q, seq_lens, 0, 0, 0, 0, 0, 1.0, 1.0)  # unused
             rot = dict(ROTARY=False, HALF=1, ROT=2)
+        trace_ptr, traced = trace.buffer("attention", T * nkv * splits, out)
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
-            scale_log2, v_scale, B, nh, *strides, *new_kv, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
+            scale_log2, v_scale, B, nh, *strides, *new_kv, trace_ptr, TRACE=traced, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
             NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, LATE=late, **cfg,
             **common, **pdl_args(q))
         if splits > 1:

@@ -41,3 +41,24 @@ def prefetch_l2(ptrs):
     launched with PDL calls it on weights, which no earlier kernel writes, before its wait."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
                               dtype=tl.int32, is_pure=False, pack=1)
+
+
+# kernels/trace.py's FIELDS, as the kernels name them.
+T_START = tl.constexpr(0)
+T_WAITED = tl.constexpr(1)
+T_FIRST = tl.constexpr(2)
+T_LOOP_END = tl.constexpr(3)
+T_EXIT = tl.constexpr(4)
+T_WORDS = tl.constexpr(6)
+
+
+@triton.jit
+def trace_stamp(trace_ptr, program, FIELD: tl.constexpr, TRACE: tl.constexpr):
+    """kernels/trace.py: this program's FIELD word, the time now (at T_START also T_FIRST's 0: these
+    kernels have no first-tiles stamp; at T_EXIT also its multiprocessor)."""
+    if TRACE:
+        tl.store(trace_ptr + program * T_WORDS + FIELD, tl.extra.cuda.globaltimer())
+        if FIELD == T_START:
+            tl.store(trace_ptr + program * T_WORDS + T_FIRST, 0)
+        if FIELD == T_EXIT:
+            tl.store(trace_ptr + program * T_WORDS + T_WORDS - 1, tl.extra.cuda.smid().to(tl.int64))

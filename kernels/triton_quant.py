@@ -34,7 +34,9 @@ import triton.language as tl
 from ._dispatch import pdl_args
 from .activation import gelu_tanh, silu_and_mul
 from .triton_activation import gelu_tanh_f32
+from . import trace
 from .triton_pdl import pdl_trigger_late, pdl_wait, prefetch_l2
+from .triton_pdl import T_EXIT, T_LOOP_END, T_START, T_WAITED, trace_stamp
 
 
 @triton.jit
@@ -80,14 +82,14 @@ def multiply_tiles(x, w, u, acc, acc_up, FP8: tl.constexpr, GLU: tl.constexpr, D
 @triton.jit
 def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
                         stride_xm, stride_wn, stride_om, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, ss_out_ptr,
-                        best_ptr, first_ptr, greedy_cols, store_ptr,
+                        best_ptr, first_ptr, greedy_cols, store_ptr, trace_ptr,
                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, GLU: tl.constexpr,
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, AHEAD: tl.constexpr, LATE: tl.constexpr,
                         LINE: tl.constexpr, TMA: tl.constexpr, ROW_NORM: tl.constexpr, PARTS_P2: tl.constexpr,
                         RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr, GATE_STORE: tl.constexpr, GELU: tl.constexpr,
-                        USE_PDL: tl.constexpr):
+                        TRACE: tl.constexpr, USE_PDL: tl.constexpr):
     """GLU: w is the fused [gate; up] projection [2N, K]; the program's tile is BLOCK_N gate rows
     and the BLOCK_N up rows N below them, and it writes silu(gate) * up [M, N]. GELU: it writes
     gelu_tanh(the product + bias) (GPT-J's and GPT-2's up projection). TMA: the loop's
@@ -103,10 +105,13 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
     ARGMAX (a head's logits): each row's first maximum among this tile's columns below
     greedy_cols, its value at best_ptr and its column at first_ptr [M, N tiles], for
     triton_argmax's pick kernel (greedy sampling without a pass over the logits). GATE_STORE (with
-    ARGMAX): the logits are written only where int64 store_ptr[0] is not 0 (quant.GreedyIds.store)."""
+    ARGMAX): the logits are written only where int64 store_ptr[0] is not 0 (quant.GreedyIds.store).
+    TRACE: each program's timeline at trace_ptr (kernels/trace.py)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
+    program = pid_n + tl.num_programs(0) * (pid_m + tl.num_programs(1) * pid_k)
+    trace_stamp(trace_ptr, program, T_START, TRACE)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -120,6 +125,7 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
         for i in tl.static_range(PREFETCH):
             prefetch_tile(w_ptr, rows, tl.minimum(k_lo + i * BLOCK_K, k_hi - 1), K, up_rows, BLOCK_K, LINE, GLU)
     pdl_wait(USE_PDL, LATE)
+    trace_stamp(trace_ptr, program, T_WAITED, TRACE)
     # The fold's operands, requested now and first read in the epilogue, so that the loop never
     # waits for them (1 / rms itself is computed there too: a sum here would wait for the loads).
     ss, res = 0.0, 0.0  # unused unless ROW_NORM, RESIDUAL
@@ -148,6 +154,7 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
         acc, acc_up = multiply_tiles(x, w, u, acc, acc_up, FP8, GLU, DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    trace_stamp(trace_ptr, program, T_LOOP_END, TRACE)
     pdl_trigger_late(USE_PDL, LATE)
     if SPLIT_K > 1:
         out_mask = m_mask & (offs_n[None, :] < N)
@@ -176,6 +183,7 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
         _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr, greedy_cols,
              store_ptr, pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL,
              ARGMAX, GATE_STORE, GELU)
+    trace_stamp(trace_ptr, program, T_EXIT, TRACE)
 
 
 @triton.jit
@@ -402,11 +410,12 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     fp8 = w.dtype == torch.float8_e4m3fn
     w_arg = w.view(torch.uint8) if fp8 else w
     x_desc, w_desc = tensor_descriptors(x2, w_arg, block_m, cfg) if cfg.pop("TMA", 0) else (x2, w_arg)
+    trace_ptr, traced = trace.buffer(f"split-k {w.shape[0]}x{K}", grid[0] * grid[1] * grid[2], out)
     _int8_linear_kernel[grid](x2, w_arg, x_desc, w_desc, dummy,
                               bias if bias is not None else dummy, out, part,
                               counters, M, N, K, x2.stride(0), w.stride(0), out.stride(0), *fold.args,
-                              best, first, greedy.cols if greedy is not None else 0, store,
-                              ARGMAX=greedy is not None, GATE_STORE=store is not out, GELU=gelu,
+                              best, first, greedy.cols if greedy is not None else 0, store, trace_ptr,
+                              TRACE=traced, ARGMAX=greedy is not None, GATE_STORE=store is not out, GELU=gelu,
                               ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2, RESIDUAL=residual is not None,
                               HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8,
                               EVEN_K=K % cfg["BLOCK_K"] == 0,

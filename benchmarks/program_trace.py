@@ -1,0 +1,168 @@
+"""Where a decode step's kernel boundaries go: every program's timeline in one replay.
+
+    python -m benchmarks.program_trace [--batch 64] [--context 192] [--gemm-config T] [--shape llama3-8b]
+                                       [--replays 30] [--out trace.json]
+
+The DRAM timeline (benchmarks/dram_timeline.py) shows the products streaming at 90-98% of peak
+between kernels and the memory idling at each boundary, ~30 us a layer at batch 64. This script
+says what a boundary is made of. It runs with SHARDLINE_TRACE_PROGRAMS=1 (kernels/trace.py), so
+that the split-K GEMM, the ring GEMM and decode attention write, for each program, when it
+started, when its PDL wait returned, when its first tiles landed (the ring), when it left its
+main loop and when it exited, and its multiprocessor; it captures the step's graph, replays it
+back to back and reads the last replay's timelines. Per kernel of a layer (means over the
+middle layers), in us:
+
+* critical: how far its last exit lies past the last exit of the kernel before it;
+* lead: how long before that exit its first program had started (PDL);
+* release: its first wait's return after the kernel before it had wholly exited;
+* landed: its first tiles after its wait (median program; the ring only);
+* loop: its median program's main loop, from its wait;
+* tail: its last exit past its median exit (the spread that the next kernel waits out);
+* SMs: the multiprocessors its programs ran on.
+
+Tracing must not change the step: the buffers are allocated empty (a fill kernel would break the
+PDL chain) and each program adds a few stores; SHARDLINE_TRACE_PROGRAMS=0 times the same replay
+untraced, to compare. %globaltimer ticks at 1 us on some GPUs unless a profiler raises its rate; the script prints the
+tick it sees, and the means over ~30 layers resolve below it.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("SHARDLINE_TRACE_PROGRAMS", "1")  # read once, when the kernels are imported
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+
+from shardline.kernels.trace import EXIT, FIELDS, FIRST, LOOP_END, SM, START, WAITED  # noqa: E402
+
+COLUMNS = ("critical", "lead", "release", "landed", "loop", "tail")
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def summarise(launches: list[tuple[str, torch.Tensor]]) -> list[dict]:
+    """One dict a launch, in order: the columns above (us) from [programs, FIELDS] ns records, each
+    launch measured against the one before it (the first against its own start)."""
+    rows, prev_exit = [], None
+    for label, rec in launches:
+        rec = rec.to("cpu", torch.int64)
+        start, waited, first, loop_end, exit_ = (rec[:, i].tolist() for i in (START, WAITED, FIRST, LOOP_END, EXIT))
+        last_exit = max(exit_)
+        before = prev_exit if prev_exit is not None else min(start)
+        landed = [f - w for f, w in zip(first, waited) if f > 0]
+        rows.append({
+            "kernel": label, "programs": rec.shape[0], "sms": len(set(rec[:, SM].tolist())),
+            "critical": (last_exit - before) / 1e3,
+            "lead": (before - min(start)) / 1e3,
+            "release": (min(waited) - before) / 1e3,
+            "landed": _median(landed) / 1e3 if landed else None,
+            "loop": _median([e - w for e, w in zip(loop_end, waited)]) / 1e3,
+            "tail": (last_exit - _median(exit_)) / 1e3,
+            "span_end_ns": last_exit,
+        })
+        prev_exit = last_exit
+    return rows
+
+
+def by_kernel(rows: list[dict], skip_ends: int = 1) -> list[dict]:
+    """Means of each kernel label's rows, in the order labels first appear, leaving out the first
+    and last `skip_ends` occurrences of a repeated label (the layers next to the step's ends)."""
+    order, groups = [], {}
+    for r in rows:
+        if r["kernel"] not in groups:
+            order.append(r["kernel"])
+            groups[r["kernel"]] = []
+        groups[r["kernel"]].append(r)
+    out = []
+    for k in order:
+        g = groups[k]
+        if len(g) > 2 * skip_ends + 2:
+            g = g[skip_ends:len(g) - skip_ends]
+        mean = {c: (statistics.fmean([r[c] for r in g if r[c] is not None])
+                    if any(r[c] is not None for r in g) else None) for c in COLUMNS}
+        out.append({"kernel": k, "launches": len(groups[k]), "programs": g[0]["programs"],
+                    "sms": max(r["sms"] for r in g), **mean})
+    return out
+
+
+def timer_tick_ns(launches: list[tuple[str, torch.Tensor]]) -> int:
+    """The smallest nonzero step between distinct timestamps seen (the timer's tick, roughly)."""
+    stamps = sorted({int(t) for _, rec in launches for t in rec[:, :SM].flatten().tolist() if t > 0})
+    steps = [b - a for a, b in zip(stamps, stamps[1:]) if b > a]
+    return min(steps) if steps else 0
+
+
+def format_table(kernels: list[dict]) -> str:
+    head = f"{'kernel':<24} {'launches':>8} {'programs':>8} {'SMs':>4} " + " ".join(f"{c:>8}" for c in COLUMNS)
+    lines = [head]
+    for k in kernels:
+        cells = " ".join(f"{k[c]:>8.2f}" if k[c] is not None else f"{'-':>8}" for c in COLUMNS)
+        lines.append(f"{k['kernel']:<24} {k['launches']:>8} {k['programs']:>8} {k['sms']:>4} {cells}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--context", type=int, default=192, help="every row attends over this many tokens")
+    ap.add_argument("--shape", default="llama3-8b")
+    ap.add_argument("--gemm-config", help="a `shardline tune-gemm` table")
+    ap.add_argument("--replays", type=int, default=30, help="back-to-back replays; the last one is read")
+    ap.add_argument("--out", help="write every launch's summary here (JSON)")
+    args = ap.parse_args()
+    if args.batch < 1 or args.context < 1 or args.replays < 1:
+        ap.error(f"--batch {args.batch}, --context {args.context}, --replays {args.replays}: each >= 1")
+    from benchmarks import decode_bench
+    from shardline import step_tuning
+    from shardline.kernels import trace
+    if args.shape not in decode_bench.SHAPES:
+        ap.error(f"--shape {args.shape}: one of {', '.join(sorted(decode_bench.SHAPES))}")
+    if not torch.cuda.is_available():
+        sys.exit("program_trace times kernels on a GPU; this machine has none")
+    decode_bench.GEMM_CONFIG = args.gemm_config
+    print(f"{torch.cuda.get_device_name()}  {datetime.date.today()}\n$ {' '.join(sys.argv)}")
+    pipeline = decode_bench.build(args.shape)
+    engine = pipeline.engines[0]
+    engine.graphs.reset()
+    if not trace.TRACE_PROGRAMS:  # SHARDLINE_TRACE_PROGRAMS=0: the same replay untraced, to compare
+        graph = step_tuning.loaded_graph(engine, args.batch, args.context, capture=True)
+        print(f"\nbatch {args.batch}, context {args.context}: replay {step_tuning.replay_ms(graph, args.replays):.3f} ms "
+              "untraced (SHARDLINE_TRACE_PROGRAMS=0)")
+        return
+    trace.clear()
+    # The capture runs the step twice eagerly (compiles) and then records it: the last third of
+    # the launches are the graph's.
+    graph = step_tuning.loaded_graph(engine, args.batch, args.context, capture=True)
+    launches = trace.launches()
+    per_step = len(launches) // 3
+    assert per_step and len(launches) == 3 * per_step, f"{len(launches)} traced launches: not three steps"
+    launches = launches[2 * per_step:]
+    replay = step_tuning.replay_ms(graph, args.replays)
+    torch.cuda.synchronize()
+    rows = summarise(launches)
+    kernels = by_kernel(rows)
+    tick = timer_tick_ns(launches)
+    step_us = (rows[-1]["span_end_ns"] - min(int(rec[:, START].min()) for _, rec in launches)) / 1e3
+    print(f"\nbatch {args.batch}, context {args.context}: replay {replay:.3f} ms; traced launches {len(rows)} a step, "
+          f"first start to last exit {step_us:.0f} us; timer tick ~{tick} ns")
+    print(f"sum of critical times: {sum(r['critical'] for r in rows):.0f} us "
+          f"(the untraced kernels between them are charged to the next traced one)\n")
+    print(format_table(kernels))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "date": str(datetime.date.today()),
+                       "command": " ".join(sys.argv), "replay_ms": replay, "timer_tick_ns": tick,
+                       "fields": FIELDS, "kernels": kernels, "launches": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
