@@ -2,6 +2,7 @@
 
     python -m benchmarks.program_trace [--batch 64] [--context 192] [--gemm-config T] [--shape llama3-8b]
                                        [--replays 30] [--out trace.json]
+    python -m benchmarks.program_trace --gemm-configs A.json,B.json [--rounds 2] ...  # alternated
 
 The DRAM timeline (benchmarks/dram_timeline.py) shows the products streaming at 90-98% of peak
 between kernels and the memory idling at each boundary, ~30 us a layer at batch 64. This script
@@ -18,6 +19,8 @@ middle layers), in us:
 * landed: its first tiles after its wait (median program; the ring only);
 * loop: its median program's main loop, from its wait;
 * tail: its last exit past its median exit (the spread that the next kernel waits out);
+* program: its median program's time from start to exit, and last: the same for the program
+  that exited last (a partial last wave shows as a tail of one program's time);
 * SMs: the multiprocessors its programs ran on.
 
 Tracing must not change the step: the buffers are allocated empty (a fill kernel would break the
@@ -42,7 +45,7 @@ import torch  # noqa: E402
 
 from shardline.kernels.trace import EXIT, FIELDS, FIRST, LOOP_END, SM, START, WAITED  # noqa: E402
 
-COLUMNS = ("critical", "lead", "release", "landed", "loop", "tail")
+COLUMNS = ("critical", "lead", "release", "landed", "loop", "tail", "program", "last")
 
 
 def _median(values: list[float]) -> float:
@@ -67,6 +70,8 @@ def summarise(launches: list[tuple[str, torch.Tensor]]) -> list[dict]:
             "landed": _median(landed) / 1e3 if landed else None,
             "loop": _median([e - w for e, w in zip(loop_end, waited)]) / 1e3,
             "tail": (last_exit - _median(exit_)) / 1e3,
+            "program": _median([e - s for e, s in zip(exit_, start)]) / 1e3,
+            "last": (last_exit - start[exit_.index(last_exit)]) / 1e3,
             "span_end_ns": last_exit,
         })
         prev_exit = last_exit
@@ -116,28 +121,51 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=192, help="every row attends over this many tokens")
     ap.add_argument("--shape", default="llama3-8b")
     ap.add_argument("--gemm-config", help="a `shardline tune-gemm` table")
+    ap.add_argument("--gemm-configs", help="tables to trace in turn, comma-separated (the first also builds the engine)")
+    ap.add_argument("--rounds", type=int, default=1, help="with --gemm-configs: passes over the tables")
     ap.add_argument("--replays", type=int, default=30, help="back-to-back replays; the last one is read")
     ap.add_argument("--out", help="write every launch's summary here (JSON)")
     args = ap.parse_args()
-    if args.batch < 1 or args.context < 1 or args.replays < 1:
-        ap.error(f"--batch {args.batch}, --context {args.context}, --replays {args.replays}: each >= 1")
+    if args.batch < 1 or args.context < 1 or args.replays < 1 or args.rounds < 1:
+        ap.error(f"--batch {args.batch}, --context {args.context}, --replays {args.replays}, --rounds {args.rounds}: "
+                 "each >= 1")
+    if args.gemm_config and args.gemm_configs:
+        ap.error("--gemm-config or --gemm-configs, not both")
+    tables = args.gemm_configs.split(",") if args.gemm_configs else [args.gemm_config]
     from benchmarks import decode_bench
     from shardline import step_tuning
+    from shardline.gemm_tuning import GemmTable
     from shardline.kernels import trace
     if args.shape not in decode_bench.SHAPES:
         ap.error(f"--shape {args.shape}: one of {', '.join(sorted(decode_bench.SHAPES))}")
     if not torch.cuda.is_available():
         sys.exit("program_trace times kernels on a GPU; this machine has none")
-    decode_bench.GEMM_CONFIG = args.gemm_config
+    decode_bench.GEMM_CONFIG = tables[0]
     print(f"{torch.cuda.get_device_name()}  {datetime.date.today()}\n$ {' '.join(sys.argv)}")
     pipeline = decode_bench.build(args.shape)
     engine = pipeline.engines[0]
-    engine.graphs.reset()
+    loaded = {t: GemmTable.load(t, engine.device) if t else None for t in tables}
+    results = []
+    for _ in range(args.rounds if len(tables) > 1 else 1):
+        for t in tables:
+            if len(tables) > 1:
+                engine.model.configure_gemms(loaded[t])
+            engine.graphs.reset()
+            results.append(trace_step(engine, t, args, trace, step_tuning))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "date": str(datetime.date.today()),
+                       "command": " ".join(sys.argv), "fields": FIELDS, "traces": results}, f, indent=1)
+
+
+def trace_step(engine, table: str | None, args, trace, step_tuning) -> dict:
+    """Capture, replay and read one step's timelines with the engine's current table; print them."""
     if not trace.TRACE_PROGRAMS:  # SHARDLINE_TRACE_PROGRAMS=0: the same replay untraced, to compare
         graph = step_tuning.loaded_graph(engine, args.batch, args.context, capture=True)
-        print(f"\nbatch {args.batch}, context {args.context}: replay {step_tuning.replay_ms(graph, args.replays):.3f} ms "
-              "untraced (SHARDLINE_TRACE_PROGRAMS=0)")
-        return
+        replay = step_tuning.replay_ms(graph, args.replays)
+        print(f"\n{table}: batch {args.batch}, context {args.context}: replay {replay:.3f} ms untraced "
+              "(SHARDLINE_TRACE_PROGRAMS=0)")
+        return {"table": table, "replay_ms": replay}
     trace.clear()
     # The capture runs the step twice eagerly (compiles) and then records it: the last third of
     # the launches are the graph's.
@@ -152,16 +180,13 @@ def main() -> None:
     kernels = by_kernel(rows)
     tick = timer_tick_ns(launches)
     step_us = (rows[-1]["span_end_ns"] - min(int(rec[:, START].min()) for _, rec in launches)) / 1e3
-    print(f"\nbatch {args.batch}, context {args.context}: replay {replay:.3f} ms; traced launches {len(rows)} a step, "
-          f"first start to last exit {step_us:.0f} us; timer tick ~{tick} ns")
-    print(f"sum of critical times: {sum(r['critical'] for r in rows):.0f} us "
-          f"(the untraced kernels between them are charged to the next traced one)\n")
-    print(format_table(kernels))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "date": str(datetime.date.today()),
-                       "command": " ".join(sys.argv), "replay_ms": replay, "timer_tick_ns": tick,
-                       "fields": FIELDS, "kernels": kernels, "launches": rows}, f, indent=1)
+    print(f"\n{table}: batch {args.batch}, context {args.context}: replay {replay:.3f} ms; traced launches "
+          f"{len(rows)} a step, first start to last exit {step_us:.0f} us; timer tick ~{tick} ns")
+    print(format_table(kernels), flush=True)
+    middle = len(launches) // 2 // 5 * 5  # the five launches of a middle layer, raw
+    raw = {f"{i}: {label}": rec.tolist() for i, (label, rec) in enumerate(launches[middle:middle + 5], middle)}
+    return {"table": table, "replay_ms": replay, "timer_tick_ns": tick, "kernels": kernels, "launches": rows,
+            "middle_layer_records": raw}
 
 
 if __name__ == "__main__":
