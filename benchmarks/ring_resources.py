@@ -22,10 +22,9 @@ from benchmarks.gemv_registers import _ptxas
 
 
 def compile_ring(block_n: int, block_k: int, stages: int, split_k: int, glu: bool, fold: str, maxnreg: int = 0,
-                 late: bool = False, trace: bool = False, mma_lag: bool = False, warps: int = 4,
-                 x_stages: int = 0):
+                 late: bool = False, trace: bool = False):
     """The ring kernel as ring_linear_gluon launches it for a tiled config at 64 rows, for sm_90
-    (`late`: the LATE key; `trace`: kernels/trace.py's timeline stores; `mma_lag`: the MMA_LAG key; `warps`: the WARPS key; `x_stages`: the X_STAGES key)."""
+    (`late`: the LATE key; `trace`: kernels/trace.py's timeline stores)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -42,11 +41,11 @@ def compile_ring(block_n: int, block_k: int, stages: int, split_k: int, glu: boo
     sig |= {n: "i32" for n in ("M", "N", "K", "stride_om", "total_runs", "programs", "oob_row", "ss_parts", "stride_res")}
     constexprs = dict(BLOCK_N=block_n, HAS_BIAS=False, GLU=glu, SPLIT_K=split_k, STAGES=stages, EARLY=stages,
                       ROW_NORM=fold == "norm", PARTS_P2=32, RESIDUAL=fold == "res", USE_PDL=True, LATE=late,
-                      MMA_LAG=mma_lag, X_STAGES=x_stages, TRACE=trace, num_warps=warps)
+                      TRACE=trace, num_warps=4)
     sig |= {k: "constexpr" for k in constexprs}
     src = GluonASTSource(fn=fn, signature={n: sig[n] for n in order},
                          constexprs={(order.index(k),): v for k, v in constexprs.items()})
-    options = {"num_warps": warps} | ({"maxnreg": maxnreg} if maxnreg else {})
+    options = {"num_warps": 4} | ({"maxnreg": maxnreg} if maxnreg else {})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 

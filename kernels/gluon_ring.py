@@ -123,50 +123,10 @@ def _producer(x_desc, w_desc, x_ring, w_ring, ready, empty, row, up_row, k_lo, k
 
 
 @gluon.jit
-def _weight_producer(w_desc, w_ring, ready, empty, row, up_row, k_lo, k_tiles, runs, oob_row, BLOCK_N: gl.constexpr,
-                     STAGES: gl.constexpr, GLU: gl.constexpr):
-    """One warp, with X_STAGES: the weights alone through their ring, as far ahead as its STAGES
-    slots allow. No kernel writes the weights, so it never waits for the kernel ahead."""
-    BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
-    BOXES: gl.constexpr = BLOCK_N // w_desc.block_type.shape[0]
-    nbytes: gl.constexpr = w_desc.block_type.nbytes * BOXES * (2 if GLU else 1)
-    for i in range(k_tiles):
-        slot = i % STAGES
-        if i >= STAGES:
-            mbarrier.wait(empty.index(slot), (i // STAGES - 1) & 1)
-        _request_weights(w_desc, w_ring, ready.index(slot), slot, row, up_row, k_lo + i * BLOCK_K, runs, oob_row,
-                         nbytes, GLU, BLOCK_N, True)
-
-
-@gluon.jit
-def _x_producer(x_desc, x_ring, x_ready, x_empty, k_lo, k_tiles, X_STAGES: gl.constexpr, USE_PDL: gl.constexpr):
-    """One warp, with X_STAGES: x's tiles through a ring of their own (L2 serves them, so a few slots
-    cover its latency), after the PDL wait: the kernel ahead writes x."""
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    if USE_PDL:
-        _gdc_wait()
-    for i in range(k_tiles):
-        slot = i % X_STAGES
-        if i >= X_STAGES:
-            mbarrier.wait(x_empty.index(slot), (i // X_STAGES - 1) & 1)
-        mbarrier.expect(x_ready.index(slot), x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [0, k_lo + i * BLOCK_K], x_ready.index(slot), x_ring.index(slot))
-
-
-@gluon.jit
-def _release(empty, x_empty, i, STAGES: gl.constexpr, X_STAGES: gl.constexpr):
-    """The consumers are done with stage i: its weight slot (and with X_STAGES its x slot) may refill."""
-    mbarrier.arrive(empty.index(i % STAGES))
-    if X_STAGES:
-        mbarrier.arrive(x_empty.index(i % X_STAGES))
-
-
-@gluon.jit
-def _consumer(x_ring, w_ring, ready, empty, x_ready, x_empty, k_tiles, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, M, K, row,
+def _consumer(x_ring, w_ring, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, M, K, row,
               row_end, trace_ptr, program, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GLU: gl.constexpr,
               ROW_NORM: gl.constexpr, PARTS_P2: gl.constexpr, RESIDUAL: gl.constexpr, USE_PDL: gl.constexpr,
-              LATE: gl.constexpr, MMA_LAG: gl.constexpr, X_STAGES: gl.constexpr, TRACE: gl.constexpr,
-              num_warps: gl.constexpr):
+              LATE: gl.constexpr, TRACE: gl.constexpr, num_warps: gl.constexpr):
     """The warpgroup: acc (and acc_up) [64, BLOCK_N] fp32 over this split's K tiles; with the fold,
     also each row's 1 / rms (ROW_NORM) and the residual's tile (RESIDUAL), requested right after
     the PDL wait so that they land while the loop runs."""
@@ -190,36 +150,22 @@ def _consumer(x_ring, w_ring, ready, empty, x_ready, x_empty, k_tiles, ss_in_ptr
         mask = (offs_m[:, None] < M) & (offs_n < row_end)[None, :]
         res = gl.load(res_ptr + offs_m[:, None] * stride_res + offs_n[None, :], mask=mask, other=0.0).to(gl.float32)
     WT: gl.constexpr = 2 if GLU else 1
-    # One warpgroup multiplies all 64 rows by the tile's BLOCK_N weight rows; with 8 warps two
-    # warpgroups share x's tile and take half the weight rows each.
-    GROUPS: gl.constexpr = num_warps // 4
-    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, GROUPS],
-                                                     instr_shape=[16, BLOCK_N // GROUPS, 16])
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, BLOCK_N, 16])
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
     acc_up = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
     for i in range(k_tiles):
         slot = i % STAGES
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        if X_STAGES:
-            mbarrier.wait(x_ready.index(i % X_STAGES), (i // X_STAGES) & 1)
-            x = x_ring.index(i % X_STAGES)
-        else:
-            x = x_ring.index(slot)
         if TRACE:
             if i == 0:
                 _stamp(trace_ptr, program, T_FIRST, TRACE)
+        x = x_ring.index(slot)
         acc = warpgroup_mma(x, w_ring.index(slot * WT).permute((1, 0)), acc, is_async=True)
         if GLU:
             acc_up = warpgroup_mma(x, w_ring.index(slot * WT + 1).permute((1, 0)), acc_up, is_async=True)
-        if MMA_LAG:  # this stage's WT products stay in flight; the stage before is done, so free it
-            acc, acc_up = warpgroup_mma_wait(num_outstanding=WT, deps=(acc, acc_up))
-            if i > 0:
-                _release(empty, x_empty, i - 1, STAGES, X_STAGES)
-        else:
-            acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
-            _release(empty, x_empty, i, STAGES, X_STAGES)
-    if MMA_LAG:  # the last stage's products (its slot is never refilled: the producer is done)
         acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
+        mbarrier.arrive(empty.index(slot))
     if USE_PDL:
         if LATE:  # the kernel after this one launches once every program gets here
             _gdc_launch_dependents()
@@ -239,8 +185,8 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
                         total_runs, programs, oob_row, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, ss_out_ptr,
                         trace_ptr, BLOCK_N: gl.constexpr, HAS_BIAS: gl.constexpr, GLU: gl.constexpr, SPLIT_K: gl.constexpr,
                         STAGES: gl.constexpr, EARLY: gl.constexpr, ROW_NORM: gl.constexpr, PARTS_P2: gl.constexpr,
-                        RESIDUAL: gl.constexpr, USE_PDL: gl.constexpr, LATE: gl.constexpr, MMA_LAG: gl.constexpr,
-                        X_STAGES: gl.constexpr, TRACE: gl.constexpr, num_warps: gl.constexpr):
+                        RESIDUAL: gl.constexpr, USE_PDL: gl.constexpr, LATE: gl.constexpr, TRACE: gl.constexpr,
+                        num_warps: gl.constexpr):
     """ROW_NORM and RESIDUAL: the fold of the RMSNorm before the product and the residual add
     after it, as in the split-K kernel (triton_quant.py: row_rstd, residual_epilogue). TRACE:
     each program's timeline at trace_ptr (kernels/trace.py)."""
@@ -265,39 +211,20 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
     k_lo = pid_k * per_split * BLOCK_K
     k_tiles = gl.maximum(gl.minimum(per_split, k_tiles_all - pid_k * per_split), 0)
 
-    XS: gl.constexpr = X_STAGES if X_STAGES else STAGES
-    x_ring = gl.allocate_shared_memory(x_desc.dtype, [XS, BLOCK_M, BLOCK_K], x_desc.layout)
+    x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
     w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES * WT, BLOCK_N, BLOCK_K], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
-    if X_STAGES:  # x and the weights in rings of their own, each with its producer warp
-        x_ready = gl.allocate_shared_memory(gl.int64, [X_STAGES, 1], mbarrier.MBarrierLayout())
-        x_empty = gl.allocate_shared_memory(gl.int64, [X_STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(X_STAGES):
-            mbarrier.init(x_ready.index(s), count=1)
-            mbarrier.init(x_empty.index(s), count=1)
-        acc, acc_up, rstd, res = gl.warp_specialize(
-            [(_consumer, (x_ring, w_ring, ready, empty, x_ready, x_empty, k_tiles, ss_in_ptr, ss_parts, eps, res_ptr,
-                          stride_res, M, K, row, row_end, trace_ptr, program, BLOCK_N, STAGES, GLU, ROW_NORM,
-                          PARTS_P2, RESIDUAL, USE_PDL, LATE, MMA_LAG, X_STAGES, TRACE, num_warps)),
-             (_weight_producer, (w_desc, w_ring, ready, empty, row, N + row, k_lo, k_tiles, runs, oob_row, BLOCK_N,
-                                 STAGES, GLU)),
-             (_x_producer, (x_desc, x_ring, x_ready, x_empty, k_lo, k_tiles, X_STAGES, USE_PDL))],
-            [1, 1], [40, 40])
-        for s in gl.static_range(X_STAGES):
-            mbarrier.invalidate(x_ready.index(s))
-            mbarrier.invalidate(x_empty.index(s))
-    else:  # one ring: a stage is an x tile and its weight tiles, one producer warp
-        acc, acc_up, rstd, res = gl.warp_specialize(
-            [(_consumer, (x_ring, w_ring, ready, empty, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, res_ptr,
-                          stride_res, M, K, row, row_end, trace_ptr, program, BLOCK_N, STAGES, GLU, ROW_NORM,
-                          PARTS_P2, RESIDUAL, USE_PDL, LATE, MMA_LAG, X_STAGES, TRACE, num_warps)),
-             (_producer, (x_desc, w_desc, x_ring, w_ring, ready, empty, row, N + row, k_lo, k_tiles, runs, oob_row,
-                          BLOCK_N, STAGES, EARLY, GLU, USE_PDL))],
-            [1], [40])
+    acc, acc_up, rstd, res = gl.warp_specialize(
+        [(_consumer, (x_ring, w_ring, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, M, K,
+                      row, row_end, trace_ptr, program, BLOCK_N, STAGES, GLU, ROW_NORM, PARTS_P2, RESIDUAL, USE_PDL,
+                      LATE, TRACE, num_warps)),
+         (_producer, (x_desc, w_desc, x_ring, w_ring, ready, empty, row, N + row, k_lo, k_tiles, runs, oob_row,
+                      BLOCK_N, STAGES, EARLY, GLU, USE_PDL))],
+        [1], [40])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
@@ -395,9 +322,8 @@ def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
         plan["runs"], plan["programs"], N2, *fold.args, trace_ptr, BLOCK_N=block_n,
         HAS_BIAS=bias is not None, GLU=glu, SPLIT_K=split_k, STAGES=stages, EARLY=early,
         ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2, RESIDUAL=residual is not None, USE_PDL=pdl,
-        LATE=bool(cfg.get("LATE", 0)), MMA_LAG=bool(cfg.get("MMA_LAG", 0)), X_STAGES=cfg.get("X_STAGES", 0),
-        TRACE=traced,
-        num_warps=cfg.get("WARPS", 4), launch_pdl=pdl, **cap)
+        LATE=bool(cfg.get("LATE", 0)), TRACE=traced,
+        num_warps=4, launch_pdl=pdl, **cap)
     if residual is not None:
         return out, fold.sum_squares
     return out.view(*x.shape[:-1], N)

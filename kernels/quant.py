@@ -249,7 +249,7 @@ def split_k_config(config: dict) -> dict:
 # memory: one program a multiprocessor), all of them requested before the PDL wait (EARLY, by
 # default STAGES).
 RING_DEFAULT_CONFIG = dict(BLOCK_N=128, BLOCK_K=128, STAGES=3, SPLIT_K=1)
-RING_KEYS = ("BLOCK_N", "BLOCK_K", "STAGES", "SPLIT_K", "EARLY", "SUB", "WAVES", "MAXNREG", "LATE", "MMA_LAG", "WARPS", "X_STAGES")
+RING_KEYS = ("BLOCK_N", "BLOCK_K", "STAGES", "SPLIT_K", "EARLY", "SUB", "WAVES", "MAXNREG", "LATE")
 RING_SMEM_BYTES = 227 * 1024  # a Hopper block's shared memory at most (the barriers take a few bytes)
 
 
@@ -264,19 +264,6 @@ def ring_config(config: dict | None) -> dict:
 
     LATE: the kernel after this one may launch once every program has finished its loop, instead of
     right after its PDL wait (triton_pdl.pdl_wait; the split-K kernel takes the same key).
-
-    MMA_LAG 1: the consumers keep a stage's products in flight while they wait for the next stage,
-    and free a slot once the products after it are issued (0: each stage's products are waited for
-    before its slot is freed and the next stage is waited for). It needs STAGES >= 2.
-
-    X_STAGES > 0: x's tiles get a ring of their own of X_STAGES slots, each filled by a second
-    producer warp after the PDL wait, and STAGES counts the weights' slots alone, which their
-    producer fills from the start, with no wait (EARLY then has no say): a stage's x tile (16 KB
-    at BLOCK_K 128) no longer takes shared memory from the weights in flight. 0: one ring, a stage
-    an x tile and its weight tiles.
-
-    WARPS 8: two consumer warpgroups, each multiplying x's tile by half the tile's weight rows (4:
-    one warpgroup, all of them).
 
     MAXNREG caps the registers a thread at launch (0: no cap). Uncapped the ring launches at 255 for
     its 256 threads, the whole register file, so no other program fits beside it; 128 leaves half,
@@ -298,17 +285,6 @@ def ring_config(config: dict | None) -> dict:
     if cfg.get("LATE", 0) not in (0, 1, False, True):
         raise ValueError(f"ring GEMM LATE={cfg['LATE']!r}: 0 (the next kernel may launch after this one's PDL wait) "
                          "or 1 (after its main loop)")
-    if cfg.get("MMA_LAG", 0) not in (0, 1, False, True):
-        raise ValueError(f"ring GEMM MMA_LAG={cfg['MMA_LAG']!r}: 0 (each stage's products waited for in turn) or 1 "
-                         "(one stage's products in flight)")
-    if not 0 <= cfg.get("X_STAGES", 0) <= 8:
-        raise ValueError(f"ring GEMM X_STAGES={cfg['X_STAGES']!r}: 0 (x shares the weights' stages) or x's own ring "
-                         "of 1 to 8 slots")
-    if cfg.get("WARPS", 4) not in (4, 8):
-        raise ValueError(f"ring GEMM WARPS={cfg['WARPS']!r}: 4 (one consumer warpgroup) or 8 (two)")
-    if cfg.get("MMA_LAG", 0) and cfg["STAGES"] < 2:
-        raise ValueError(f"ring GEMM MMA_LAG=1 with STAGES={cfg['STAGES']}: a stage's slot is freed only once the "
-                         "next stage's products are issued, so it needs STAGES >= 2")
     if cfg.get("MAXNREG", 0) and not (cfg["MAXNREG"] % 8 == 0 and 64 <= cfg["MAXNREG"] <= 248):
         raise ValueError(f"ring GEMM MAXNREG={cfg['MAXNREG']}: 0 (no cap) or a multiple of 8 from 64 to 248 "
                          "(the warp groups trade registers in steps of 8)")
@@ -336,11 +312,10 @@ def ring_plan(cfg: dict, n: int, k: int, glu: bool, elem_bytes: int, num_sms: in
     else:
         block_n = cfg["BLOCK_N"] // 2 if glu else cfg["BLOCK_N"]
         plan = dict(BLOCK_N=block_n, BOX=block_n, grid=(-(-n // block_n), cfg["SPLIT_K"]), runs=0, programs=0)
-    x_stages = cfg.get("X_STAGES", 0) or stages
-    smem = (stages * (2 if glu else 1) * block_n + x_stages * RING_MAX_M) * block_k * elem_bytes
+    smem = stages * (RING_MAX_M + (2 if glu else 1) * block_n) * block_k * elem_bytes
     if smem > RING_SMEM_BYTES:
         raise ValueError(f"ring GEMM {block_n} rows{' x 2 (SwiGLU)' if glu else ''} by {block_k} over {stages} "
-                         f"stages (x's tiles over {x_stages}) needs {smem // 1024} KB of shared memory, above {RING_SMEM_BYTES // 1024}; "
+                         f"stages needs {smem // 1024} KB of shared memory, above {RING_SMEM_BYTES // 1024}; "
                          "fewer STAGES or a smaller BLOCK_K")
     return plan
 
