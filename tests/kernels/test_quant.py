@@ -402,3 +402,57 @@ def test_split_k_epilogue_applies_gelu_where_the_unfused_path_would(device, spli
     unfused = gelu_tanh(small_m_linear(x, w, scale, bias, cfg))
     assert fused.dtype == dtype and fused.shape == (M, N)
     assert_close(fused, unfused, "GELU in the epilogue against the activation kernel after", tol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tail_programs", [3, 4, 9, 7])
+@pytest.mark.parametrize("M,block_m", [(5, 16), (64, 64), (40, 16)])
+@pytest.mark.parametrize("form", ["plain", "int8-bias", "glu", "norm", "residual", "argmax"])
+def test_tail_shares_the_last_waves_tiles_and_matches_the_reference(device, tail_programs, M, block_m, form):
+    """TAIL (triton_quant._tail_linear_kernel): N = 200 in tiles of 32 is 7 tiles of 6 K tiles.
+    With 3 tail programs the first 6 tiles run whole and the 7th is shared 2 + 2 + 2; with 4, 4
+    whole and 18 iterations over 4 ranges that cross tiles; with 9 no tile is whole; with 7 the
+    tiles are whole waves and the split-K kernel runs. Each form of the epilogue against the
+    reference, twice (the counters go back to zero), and bit for bit the same on the second call."""
+    from shardline.kernels.quant import GreedyIds, _reference
+    dtype = torch.float32
+    N, K = 200, 384
+    cfg = dict(BLOCK_M=block_m, BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=2, TAIL=1,
+               TAIL_PROGRAMS=tail_programs)
+    glu = form == "glu"
+    s, norm, g, w, residual = _fold_problem(M, 2 * N if glu else N, K, dtype, device)
+    if glu:
+        residual = None
+    scale = bias = None
+    if form == "int8-bias":
+        w, scale = quantize_int8_ref(w, dtype)
+        bias = torch.randn(N, device=device, dtype=dtype)
+    kw = {"norm": norm} if form == "norm" else {"residual": residual} if form == "residual" else {}
+    runs = []
+    for attempt in range(2):
+        if form == "argmax":
+            ids = torch.full((M,), -1, dtype=torch.int64, device=device)
+            logits = small_m_linear(s, w, None, None, cfg, out_dtype=torch.float32, greedy=GreedyIds(ids, N - 3))
+            assert ids.cpu().tolist() == logits[:, :N - 3].cpu().argmax(-1).tolist()
+            got = logits
+            want = _reference(s, w, None, None, False, torch.float32)
+        else:
+            got = small_m_linear(s, w, scale, bias, cfg, glu=glu, **kw)
+            want = _reference(s, w, scale, bias, glu, None, **kw)
+        if form == "residual":
+            assert_close(got[0], want[0], f"tail {form}, call {attempt + 1}")
+            assert_close(got[1].sum(0), want[1].sum(0), f"tail {form} sums of squares", tol=1e-4)
+            got = got[0]
+        else:
+            assert_close(got, want, f"tail {form} over {tail_programs} programs, call {attempt + 1}")
+        runs.append(got.clone())
+    assert torch.equal(runs[0], runs[1]), "the same call twice must give the same bits"
+
+
+def test_tail_config_errors_name_the_clash():
+    from shardline.kernels.quant import split_k_config
+    for bad, needle in (({"TAIL": 1, "SPLIT_K": 2}, "neither SPLIT_K > 1 nor AHEAD"),
+                        ({"TAIL": 1, "AHEAD": 2}, "neither SPLIT_K > 1 nor AHEAD"),
+                        ({"TAIL": 2}, "TAIL=2"), ({"TAIL": 1, "TAIL_PROGRAMS": 0}, "TAIL_PROGRAMS=0")):
+        with pytest.raises(ValueError, match=needle):
+            split_k_config(dict(BLOCK_N=64, BLOCK_K=128, **bad))
