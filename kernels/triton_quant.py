@@ -282,14 +282,12 @@ def _tail_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
         if piece == 1:  # the range's second tile, if it reaches one
             lo = (start // KT + 1) * KT
         hi = tl.minimum(end, (lo // KT + 1) * KT)
-        tile = tl.minimum(lo // KT, n_tiles - 1)
-        a = tile * KT  # the tile's first iteration
-        # The loop stays outside the branch below (an empty piece runs it zero times), where
-        # Triton's pipeliner takes it.
-        acc, acc_up = _tile_sums(x_ptr, w_ptr, x_desc, w_desc, tile, pid_m, (lo - a) * BLOCK_K,
-                                 tl.minimum(tl.maximum(hi - a, lo - a) * BLOCK_K, K), M, N, stride_xm, stride_wn,
-                                 FP8, GLU, DOT_PRECISION, EVEN_K, TMA, BLOCK_M, BLOCK_N, BLOCK_K)
         if lo < hi:
+            tile = lo // KT
+            a = tile * KT  # the tile's first iteration
+            acc, acc_up = _tile_sums(x_ptr, w_ptr, x_desc, w_desc, tile, pid_m, (lo - a) * BLOCK_K,
+                                     tl.minimum((hi - a) * BLOCK_K, K), M, N, stride_xm, stride_wn, FP8, GLU,
+                                     DOT_PRECISION, EVEN_K, TMA, BLOCK_M, BLOCK_N, BLOCK_K)
             offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
             res = 0.0  # unused unless RESIDUAL
             if RESIDUAL:
