@@ -212,7 +212,7 @@ def ring_fits(x: torch.Tensor, w: torch.Tensor) -> str | None:
 # launch options and the kernel's switches (triton_quant._int8_linear_kernel). Without BLOCK_M the
 # kernel takes 16 rows a tile up to 16 rows, else 64; without SPLIT_K one split.
 SPLIT_K_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages", "TMA", "PREFETCH", "AHEAD",
-                "LATE", "TAIL", "TAIL_PROGRAMS")
+                "LATE")
 _TILE_SIDES = (16, 32, 64, 128, 256)
 
 
@@ -238,13 +238,8 @@ def split_k_config(config: dict) -> dict:
     bad("SPLIT_K", isinstance(get("SPLIT_K"), int) and get("SPLIT_K") >= 1, "the K splits, an integer >= 1")
     bad("num_warps", get("num_warps") in (1, 2, 4, 8, 16), "one of 1, 2, 4, 8, 16")
     bad("num_stages", isinstance(get("num_stages"), int) and get("num_stages") >= 1, "an integer >= 1")
-    for flag in ("TMA", "LATE", "TAIL"):
+    for flag in ("TMA", "LATE"):
         bad(flag, get(flag) in (0, 1), "0 or 1")
-    bad("TAIL_PROGRAMS", isinstance(get("TAIL_PROGRAMS"), int) and get("TAIL_PROGRAMS") >= 1,
-        "the programs that share the tiles of the partial last wave, an integer >= 1 (default: the multiprocessors)")
-    if get("TAIL") and (get("SPLIT_K", 1) > 1 or get("AHEAD", 0) > 0):
-        raise ValueError(f"split-K config {config}: TAIL shares the last wave's tiles out by K itself; it takes "
-                         "neither SPLIT_K > 1 nor AHEAD")
     for ahead in ("PREFETCH", "AHEAD"):
         bad(ahead, isinstance(get(ahead), int) and get(ahead) >= 0, "weight tiles asked of L2 ahead, an integer >= 0")
     return config

@@ -177,163 +177,23 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
                                       cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + tile, 0)
             _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr, greedy_cols,
-                 store_ptr, pid_n, tl.num_programs(0), offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM,
+                 store_ptr, pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM,
                  RESIDUAL, ARGMAX, GATE_STORE, GELU)
     else:
         _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr, greedy_cols,
-             store_ptr, pid_n, tl.num_programs(0), offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL,
+             store_ptr, pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL,
              ARGMAX, GATE_STORE, GELU)
     trace_stamp(trace_ptr, program, T_EXIT, TRACE)
 
 
 @triton.jit
-def _tile_sums(x_ptr, w_ptr, x_desc, w_desc, tile, pid_m, k_lo, k_hi, M, N, stride_xm, stride_wn,
-               FP8: tl.constexpr, GLU: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
-               TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc (and acc_up) [BLOCK_M, BLOCK_N] fp32: x's rows of pid_m times weight tile `tile`'s rows
-    over K columns [k_lo, k_hi), as the split-K kernel's loop sums them."""
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    up_rows = N * stride_wn
-    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
-    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_lo + offs_k)[None, :]
-    m_mask = offs_m[:, None] < M
-    n_mask = offs_n[:, None] < N
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        if TMA:
-            x = x_desc.load([pid_m * BLOCK_M, k0])
-            w = w_desc.load([tile * BLOCK_N, k0])
-            u = w
-            if GLU:
-                u = w_desc.load([N + tile * BLOCK_N, k0])
-        else:
-            x, w, u = load_tiles(x_ptrs, w_ptrs, up_rows, m_mask, n_mask, (k0 + offs_k[None, :]) < k_hi, EVEN_K, GLU)
-        acc, acc_up = multiply_tiles(x, w, u, acc, acc_up, FP8, GLU, DOT_PRECISION)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-    return acc, acc_up
-
-
-@triton.jit
-def _tail_start(q, full, KT, total, tail_programs):
-    """The first (tile, K tile) iteration, tile-major, of program q of the tail kernel: programs
-    below `full` hold one whole tile each; the others deal the `total` iterations of the tiles
-    after them in equal contiguous ranges."""
-    return tl.where(q < full, q * KT, full * KT + (q - full) * total // tail_programs)
-
-
-@triton.jit
-def _tail_owner(it, full, KT, total, tail_programs):
-    """The program whose range holds iteration `it` (the inverse of _tail_start)."""
-    return tl.where(it < full * KT, it // KT, full + ((it - full * KT + 1) * tail_programs - 1) // total)
-
-
-@triton.jit
-def _tail_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
-                        stride_xm, stride_wn, stride_om, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, ss_out_ptr,
-                        best_ptr, first_ptr, greedy_cols, store_ptr, trace_ptr, full, tail_programs,
-                        HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, GLU: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, LATE: tl.constexpr,
-                        LINE: tl.constexpr, TMA: tl.constexpr, ROW_NORM: tl.constexpr, PARTS_P2: tl.constexpr,
-                        RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr, GATE_STORE: tl.constexpr, GELU: tl.constexpr,
-                        TRACE: tl.constexpr, USE_PDL: tl.constexpr):
-    """The split-K kernel's tiles without its partial last wave (config TAIL): the first `full`
-    programs (whole waves of the multiprocessors) each run one tile over all of K, as the split-K
-    kernel does with one split; the `tail_programs` after them share the remaining tiles' (tile,
-    K tile) iterations in equal contiguous ranges, stream-K fashion, so that the last wave is as
-    wide as the GPU and each of its programs streams ~(tiles left / programs) of a tile. A range
-    is at most one tile long (tail_programs >= the tiles left), so it touches one or two tiles:
-    each piece's partial sums go to its own workspace slot [2 * q + piece], and the tile's last
-    piece to arrive sums them in program order (deterministic), runs the epilogue and resets the
-    tile's counter. The operands and epilogues are the split-K kernel's (same arguments)."""
-    q = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    program = q + tl.num_programs(0) * pid_m
-    trace_stamp(trace_ptr, program, T_START, TRACE)
-    n_tiles = tl.cdiv(N, BLOCK_N)
-    KT = tl.cdiv(K, BLOCK_K)
-    total = (n_tiles - full) * KT
-    start = _tail_start(q, full, KT, total, tail_programs)
-    end = _tail_start(q + 1, full, KT, total, tail_programs)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    up_rows = N * stride_wn
-    if USE_PDL:  # the weights depend on no earlier kernel: the first PREFETCH tiles head for L2, then wait
-        tile0 = start // KT
-        rows = tl.minimum(tile0 * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64) * stride_wn
-        k_end = tl.minimum((tl.minimum(end, (tile0 + 1) * KT) - tile0 * KT) * BLOCK_K, K)
-        for i in tl.static_range(PREFETCH):
-            prefetch_tile(w_ptr, rows, tl.minimum((start - tile0 * KT + i) * BLOCK_K, k_end - 1), K, up_rows,
-                          BLOCK_K, LINE, GLU)
-    pdl_wait(USE_PDL, LATE)
-    trace_stamp(trace_ptr, program, T_WAITED, TRACE)
-    ss = 0.0  # unused unless ROW_NORM
-    if ROW_NORM:
-        ss = load_partials(ss_in_ptr, ss_parts, offs_m, M, PARTS_P2)
-    PARTS: tl.constexpr = 2 if GLU else 1
-    SLOT: tl.constexpr = PARTS * BLOCK_M * BLOCK_N  # part is [M tiles, 2 * tail_programs, PARTS, BLOCK_M, BLOCK_N]
-    part_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    part_m = part_ptr + pid_m.to(tl.int64) * 2 * tail_programs * SLOT
-    for piece in tl.static_range(2):
-        lo = start
-        if piece == 1:  # the range's second tile, if it reaches one
-            lo = (start // KT + 1) * KT
-        hi = tl.minimum(end, (lo // KT + 1) * KT)
-        if lo < hi:
-            tile = lo // KT
-            a = tile * KT  # the tile's first iteration
-            acc, acc_up = _tile_sums(x_ptr, w_ptr, x_desc, w_desc, tile, pid_m, (lo - a) * BLOCK_K,
-                                     tl.minimum((hi - a) * BLOCK_K, K), M, N, stride_xm, stride_wn, FP8, GLU,
-                                     DOT_PRECISION, EVEN_K, TMA, BLOCK_M, BLOCK_N, BLOCK_K)
-            offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-            res = 0.0  # unused unless RESIDUAL
-            if RESIDUAL:
-                res = tl.load(res_ptr + offs_m[:, None].to(tl.int64) * stride_res + offs_n[None, :],
-                              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0)
-            first = _tail_owner(a, full, KT, total, tail_programs)
-            last = _tail_owner(a + KT - 1, full, KT, total, tail_programs)
-            if first == last:  # the whole tile is this program's: no partials
-                _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr,
-                     greedy_cols, store_ptr, tile, n_tiles, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE,
-                     HAS_BIAS, GLU, ROW_NORM, RESIDUAL, ARGMAX, GATE_STORE, GELU)
-            else:
-                slot = part_m + (2 * (q - full) + piece) * SLOT
-                tl.store(slot + part_tile, acc)
-                if GLU:
-                    tl.store(slot + BLOCK_M * BLOCK_N + part_tile, acc_up)
-                tl.debug_barrier()  # every thread's partial is written before the counter moves
-                counter = count_ptr + pid_m * n_tiles + tile
-                arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-                if arrived == last - first:  # the last piece of this tile sums them, in program order
-                    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                    for p in range(first, last + 1):
-                        later = (_tail_start(p, full, KT, total, tail_programs) < a).to(tl.int32)  # its 2nd piece
-                        s = part_m + (2 * (p - full) + later) * SLOT
-                        acc += tl.load(s + part_tile, cache_modifier=".cg")
-                        if GLU:
-                            acc_up += tl.load(s + BLOCK_M * BLOCK_N + part_tile, cache_modifier=".cg")
-                    tl.atomic_xchg(counter, 0)
-                    _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr,
-                         greedy_cols, store_ptr, tile, n_tiles, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE,
-                         HAS_BIAS, GLU, ROW_NORM, RESIDUAL, ARGMAX, GATE_STORE, GELU)
-    trace_stamp(trace_ptr, program, T_LOOP_END, TRACE)
-    pdl_trigger_late(USE_PDL, LATE)
-    trace_stamp(trace_ptr, program, T_EXIT, TRACE)
-
-
-@triton.jit
 def _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr, greedy_cols,
-         store_ptr, tile_n, n_tiles, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE: tl.constexpr,
-         HAS_BIAS: tl.constexpr, GLU: tl.constexpr, ROW_NORM: tl.constexpr, RESIDUAL: tl.constexpr,
-         ARGMAX: tl.constexpr, GATE_STORE: tl.constexpr, GELU: tl.constexpr):
+         store_ptr, tile_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+         GLU: tl.constexpr, ROW_NORM: tl.constexpr, RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr,
+         GATE_STORE: tl.constexpr, GELU: tl.constexpr):
     """The split-K kernel's epilogue: the row norm's scale (a row factor, so it goes before the
     bias like the channel scale), then the plain store or the residual's, then the tile's argmax
-    (of the values the store rounds to, whether or not GATE_STORE skips the store) among the
-    `n_tiles` tiles of N."""
+    (of the values the store rounds to, whether or not GATE_STORE skips the store)."""
     if ROW_NORM:
         rstd = row_rstd(ss, K, eps)
         acc = acc * rstd[:, None]
@@ -350,7 +210,7 @@ def _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_pt
         y = epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_SCALE,
                      HAS_BIAS, GLU, GELU, keep)
         if ARGMAX:
-            tile_argmax(y, best_ptr, first_ptr, greedy_cols, tile_n, n_tiles, offs_m, offs_n, M)
+            tile_argmax(y, best_ptr, first_ptr, greedy_cols, tile_n, offs_m, offs_n, M)
 
 
 @triton.jit
@@ -394,14 +254,14 @@ def epilogue(acc, acc_up, scale_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, st
 
 
 @triton.jit
-def tile_argmax(y, best_ptr, first_ptr, cols, tile_n, n_tiles, offs_m, offs_n, M):
+def tile_argmax(y, best_ptr, first_ptr, cols, tile_n, offs_m, offs_n, M):
     """Each row's first maximum among this tile's columns below `cols` (the stored values `y`):
     its value and column at [offs_m, tile_n] of [M, N tiles] (triton_argmax._pick_kernel's input).
     A tile wholly past `cols` leaves -inf, which no real column loses to."""
     v = tl.where((offs_n < cols)[None, :], y.to(tl.float32), float("-inf"))
     best = tl.max(v, axis=1)
     first = tl.min(tl.where(v == best[:, None], offs_n[None, :], cols), axis=1)
-    at = offs_m * n_tiles + tile_n
+    at = offs_m * tl.num_programs(0) + tile_n
     tl.store(best_ptr + at, best, mask=offs_m < M)
     tl.store(first_ptr + at, first, mask=offs_m < M)
 
@@ -530,15 +390,10 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     cfg.setdefault("PREFETCH", 1)
     cfg.setdefault("AHEAD", 0)
     cfg.setdefault("LATE", 0)
-    tail, tail_programs = cfg.pop("TAIL", 0), cfg.pop("TAIL_PROGRAMS", 0) or sm_count(x)
     out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0:
         return out.view(*x.shape[:-1], N) if residual is None else (out, out.new_zeros((1, 0), dtype=torch.float32))
-    n_tiles = triton.cdiv(N, cfg["BLOCK_N"])
-    if tail and n_tiles % tail_programs:
-        return _tail_linear(x, x2, w, scale, bias, cfg, out, block_m, n_tiles, tail_programs, glu, norm, residual,
-                            greedy, gelu)
-    grid = (n_tiles, triton.cdiv(M, block_m), split_k)
+    grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m), split_k)
     if greedy is not None:  # [M, N tiles] each
         best = torch.empty((M, grid[0]), dtype=torch.float32, device=x.device)
         first = torch.empty((M, grid[0]), dtype=torch.int32, device=x.device)
@@ -566,49 +421,6 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
                               EVEN_K=K % cfg["BLOCK_K"] == 0,
                               DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GLU=glu,
                               SPLIT_K=split_k, BLOCK_M=block_m, TMA=x_desc is not x2,
-                              LINE=min(128 // w.element_size(), cfg["BLOCK_K"]), **cfg, **pdl_args(x2))
-    if greedy is not None:
-        from .triton_argmax import pick_rows
-        pick_rows(best, first, greedy.out)
-    if residual is not None:
-        return out, fold.sum_squares
-    return out.view(*x.shape[:-1], N)
-
-
-def _tail_linear(x, x2, w, scale, bias, cfg, out, block_m, n_tiles, tail_programs, glu, norm, residual, greedy,
-                 gelu):
-    """small_m_linear_triton's product by _tail_linear_kernel: the whole waves of tiles as they are,
-    the partial last wave's tiles shared by `tail_programs` programs."""
-    N, K = out.shape[1], x2.shape[1]
-    M = x2.shape[0]
-    m_tiles = triton.cdiv(M, block_m)
-    full = n_tiles - n_tiles % tail_programs
-    grid = (full + tail_programs, m_tiles)
-    if greedy is not None:
-        best = torch.empty((M, n_tiles), dtype=torch.float32, device=x.device)
-        first = torch.empty((M, n_tiles), dtype=torch.int32, device=x.device)
-    else:
-        best, first = out, out  # unused
-    store = greedy.store if greedy is not None and greedy.store is not None else out
-    fold = FoldArgs(out, n_tiles, M, norm, residual)
-    part = torch.empty((m_tiles, 2 * tail_programs, 2 if glu else 1, block_m, cfg["BLOCK_N"]), dtype=torch.float32,
-                       device=x.device)
-    counters = _tile_counters(x.device, n_tiles * m_tiles)
-    dummy = scale if scale is not None else out
-    fp8 = w.dtype == torch.float8_e4m3fn
-    w_arg = w.view(torch.uint8) if fp8 else w
-    x_desc, w_desc = tensor_descriptors(x2, w_arg, block_m, cfg) if cfg.pop("TMA", 0) else (x2, w_arg)
-    cfg.pop("AHEAD")
-    trace_ptr, traced = trace.buffer(f"tail split-k {w.shape[0]}x{K}", grid[0] * grid[1], out)
-    _tail_linear_kernel[grid](x2, w_arg, x_desc, w_desc, dummy, bias if bias is not None else dummy, out, part,
-                              counters, M, N, K, x2.stride(0), w.stride(0), out.stride(0), *fold.args,
-                              best, first, greedy.cols if greedy is not None else 0, store, trace_ptr, full,
-                              tail_programs, TRACE=traced, ARGMAX=greedy is not None, GATE_STORE=store is not out,
-                              GELU=gelu, ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2,
-                              RESIDUAL=residual is not None, HAS_SCALE=scale is not None, HAS_BIAS=bias is not None,
-                              FP8=fp8, EVEN_K=K % cfg["BLOCK_K"] == 0,
-                              DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GLU=glu,
-                              BLOCK_M=block_m, TMA=x_desc is not x2,
                               LINE=min(128 // w.element_size(), cfg["BLOCK_K"]), **cfg, **pdl_args(x2))
     if greedy is not None:
         from .triton_argmax import pick_rows
