@@ -21,6 +21,8 @@ middle layers), in us:
 * tail: its last exit past its median exit (the spread that the next kernel waits out);
 * program: its median program's time from start to exit, and last: the same for the program
   that exited last (a partial last wave shows as a tail of one program's time);
+* TB/s: a product's weight bytes over its first wait to its last exit, and a program: its bytes
+  a program over the median program's wait to exit (GB/s);
 * SMs: the multiprocessors its programs ran on.
 
 Tracing must not change the step: the buffers are allocated empty (a fill kernel would break the
@@ -45,17 +47,19 @@ import torch  # noqa: E402
 
 from shardline.kernels.trace import EXIT, FIELDS, FIRST, LOOP_END, SM, START, WAITED  # noqa: E402
 
-COLUMNS = ("critical", "lead", "release", "landed", "loop", "tail", "program", "last")
+COLUMNS = ("critical", "lead", "release", "landed", "loop", "tail", "program", "last", "TB/s", "a program")
 
 
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def summarise(launches: list[tuple[str, torch.Tensor]]) -> list[dict]:
+def summarise(launches: list[tuple[str, torch.Tensor]], weight_bytes: dict[str, int] | None = None) -> list[dict]:
     """One dict a launch, in order: the columns above (us) from [programs, FIELDS] ns records, each
-    launch measured against the one before it (the first against its own start)."""
+    launch measured against the one before it (the first against its own start); the rates where
+    `weight_bytes` has the launch's label."""
     rows, prev_exit = [], None
+    weight_bytes = weight_bytes or {}
     for label, rec in launches:
         rec = rec.to("cpu", torch.int64)
         start, waited, first, loop_end, exit_ = (rec[:, i].tolist() for i in (START, WAITED, FIRST, LOOP_END, EXIT))
@@ -74,6 +78,10 @@ def summarise(launches: list[tuple[str, torch.Tensor]]) -> list[dict]:
             "last": (last_exit - start[exit_.index(last_exit)]) / 1e3,
             "span_end_ns": last_exit,
         })
+        nbytes = weight_bytes.get(label)
+        busy = _median([e - w for e, w in zip(exit_, waited)])
+        rows[-1]["TB/s"] = nbytes / (last_exit - min(waited)) / 1e3 if nbytes else None
+        rows[-1]["a program"] = nbytes / rec.shape[0] / busy if nbytes and busy > 0 else None
         prev_exit = last_exit
     return rows
 
@@ -107,10 +115,10 @@ def timer_tick_ns(launches: list[tuple[str, torch.Tensor]]) -> int:
 
 
 def format_table(kernels: list[dict]) -> str:
-    head = f"{'kernel':<24} {'launches':>8} {'programs':>8} {'SMs':>4} " + " ".join(f"{c:>8}" for c in COLUMNS)
+    head = f"{'kernel':<24} {'launches':>8} {'programs':>8} {'SMs':>4} " + " ".join(f"{c:>9}" for c in COLUMNS)
     lines = [head]
     for k in kernels:
-        cells = " ".join(f"{k[c]:>8.2f}" if k[c] is not None else f"{'-':>8}" for c in COLUMNS)
+        cells = " ".join(f"{k[c]:>9.2f}" if k[c] is not None else f"{'-':>9}" for c in COLUMNS)
         lines.append(f"{k['kernel']:<24} {k['launches']:>8} {k['programs']:>8} {k['sms']:>4} {cells}")
     return "\n".join(lines)
 
@@ -176,7 +184,7 @@ def trace_step(engine, table: str | None, args, trace, step_tuning) -> dict:
     launches = launches[2 * per_step:]
     replay = step_tuning.replay_ms(graph, args.replays)
     torch.cuda.synchronize()
-    rows = summarise(launches)
+    rows = summarise(launches, trace.weight_bytes())
     kernels = by_kernel(rows)
     tick = timer_tick_ns(launches)
     step_us = (rows[-1]["span_end_ns"] - min(int(rec[:, START].min()) for _, rec in launches)) / 1e3

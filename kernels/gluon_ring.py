@@ -316,7 +316,8 @@ def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
         part, counters = out, out  # unused
     pdl = use_pdl(x2)
     cap = {"maxnreg": cfg["MAXNREG"]} if cfg.get("MAXNREG") else {}
-    trace_ptr, traced = trace.buffer(f"ring {N2}x{K}", plan["grid"][0] * plan["grid"][1], out)
+    trace_ptr, traced = trace.buffer(f"ring {N2}x{K}", plan["grid"][0] * plan["grid"][1], out,
+                                     w.numel() * w.element_size())
     _ring_linear_kernel[plan["grid"]](
         x_desc, w_desc, bias if bias is not None else out, out, part, counters, M, N, K, out.stride(0),
         plan["runs"], plan["programs"], N2, *fold.args, trace_ptr, BLOCK_N=block_n,

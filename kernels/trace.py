@@ -21,13 +21,17 @@ from ._dispatch import TRACE_PROGRAMS
 FIELDS = ("start", "waited", "first", "loop_end", "exit", "sm")
 START, WAITED, FIRST, LOOP_END, EXIT, SM = range(len(FIELDS))
 _launches: list[tuple[str, torch.Tensor]] = []
+_weight_bytes: dict[str, int] = {}
 
 
-def buffer(label: str, programs: int, like: torch.Tensor) -> tuple[torch.Tensor, bool]:
+def buffer(label: str, programs: int, like: torch.Tensor, weight_bytes: int = 0) -> tuple[torch.Tensor, bool]:
     """(the trace pointer, TRACE) for a launch of `programs` programs: a fresh buffer recorded
-    under `label` when tracing is on, else `like` (unused) and False."""
+    under `label` when tracing is on, else `like` (unused) and False. `weight_bytes`: what the
+    launch streams from memory, where it is a product (its label's, in `weight_bytes()`)."""
     if not TRACE_PROGRAMS:
         return like, False
+    if weight_bytes:
+        _weight_bytes[label] = weight_bytes
     # Empty, not zeroed: a fill kernel between two PDL launches would sit in their chain (each
     # kernel waits on the one before it in the stream), and every program writes every word.
     t = torch.empty((programs, len(FIELDS)), dtype=torch.int64, device=like.device)
@@ -37,6 +41,11 @@ def buffer(label: str, programs: int, like: torch.Tensor) -> tuple[torch.Tensor,
 
 def launches() -> list[tuple[str, torch.Tensor]]:
     return list(_launches)
+
+
+def weight_bytes() -> dict[str, int]:
+    """The bytes each traced product's label streams (its weights)."""
+    return dict(_weight_bytes)
 
 
 def clear() -> None:

@@ -410,7 +410,8 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     fp8 = w.dtype == torch.float8_e4m3fn
     w_arg = w.view(torch.uint8) if fp8 else w
     x_desc, w_desc = tensor_descriptors(x2, w_arg, block_m, cfg) if cfg.pop("TMA", 0) else (x2, w_arg)
-    trace_ptr, traced = trace.buffer(f"split-k {w.shape[0]}x{K}", grid[0] * grid[1] * grid[2], out)
+    trace_ptr, traced = trace.buffer(f"split-k {w.shape[0]}x{K}", grid[0] * grid[1] * grid[2], out,
+                                     w.numel() * w.element_size())
     _int8_linear_kernel[grid](x2, w_arg, x_desc, w_desc, dummy,
                               bias if bias is not None else dummy, out, part,
                               counters, M, N, K, x2.stride(0), w.stride(0), out.stride(0), *fold.args,

@@ -26,6 +26,11 @@ def test_each_launch_is_measured_against_the_last_exit_of_the_one_before():
     assert second["loop"] == pytest.approx(15)  # median of 15, 15, 13.5
     assert second["tail"] == pytest.approx(3)  # 35 - median exit 32
     assert second["sms"] == 2
+    assert first["TB/s"] is None and first["a program"] is None  # no bytes given
+    rated = summarise([("qkv", a)], {"qkv": 26_000_000})
+    # 26 MB from the first wait (1 us) to the last exit (14 us): 2 TB/s; 13 MB a program over the
+    # median program's wait to exit (10 and 13 us: 11.5) is 1130 GB/s.
+    assert rated[0]["TB/s"] == pytest.approx(2.0) and rated[0]["a program"] == pytest.approx(13e6 / 11.5e3)
 
 
 def test_kernels_are_averaged_by_label_leaving_out_the_layers_at_the_ends():
@@ -43,6 +48,7 @@ def test_kernels_are_averaged_by_label_leaving_out_the_layers_at_the_ends():
     assert ring["loop"] == pytest.approx(8) and attention["critical"] == pytest.approx(16.5)
     table = format_table(kernels)
     assert table.splitlines()[0].split()[:4] == ["kernel", "launches", "programs", "SMs"]
+    assert table.splitlines()[1].split()[-2:] == ["-", "-"]  # no rates without bytes
     assert "attention" in table and len(table.splitlines()) == 3
 
 
