@@ -70,7 +70,9 @@ def convert(hf_dir: str | Path, out_dir: str | Path, tp: int, pp: int, dtype: st
                 tp=tp, pp=pp, stages=tuple(StageSpec(s, a, b) for s, (a, b) in enumerate(ranges)),
                 shards=tuple(shards), tokenizer_files=copy_tokenizer_files(hf_dir, tmp),
                 source={"hf_dir": str(hf_dir.resolve()), "model_type": hf_config.get("model_type"),
-                        "weights": [f.name for f in ckpt.files]})
+                        "weights": [f.name for f in ckpt.files],
+                        **({"kv_scales": {"layers": len(kv_scales), "layer_0": list(kv_scales[0])}}
+                           if kv_scales else {})})
             manifest.write(tmp)
             _publish(tmp, out_dir)
         except BaseException:

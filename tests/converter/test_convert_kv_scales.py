@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from shardline.config import ConfigError
 from shardline.converter import convert
-from shardline.manifest import shard_file
+from shardline.manifest import Manifest, shard_file
 from shardline.tiny import add_fp8_kv_scales
 
 K_SCALE, V_SCALE = 37.5, 0.0125
@@ -40,10 +40,15 @@ def test_every_shard_of_a_layer_gets_its_scales(tiny_hf, tmp_path, family, namin
                     t = shard[f"layers.{i}.{kind}_scale"]
                     assert t.dtype == torch.float32 and t.shape == (1,), "a scale stays fp32 whatever --dtype"
                     assert t.item() == pytest.approx(want, rel=1e-6)
+    ends = {"attention": ("attn.k_scale", "attn.v_scale"), "projection": ("k_proj.k_scale", "v_proj.v_scale")}[naming]
+    recorded = Manifest.read(tmp_path / "out").source["kv_scales"]  # where they came from, for a reader
+    assert recorded["layers"] == manifest.model.num_layers, recorded
+    assert all(".0." in name and name.endswith(end) for name, end in zip(recorded["layer_0"], ends)), recorded
 
 def test_a_checkpoint_without_scales_writes_none(converted):
     _, out = converted("llama-gqa")
     assert not [name for name in load_file(out / shard_file(0, 0)) if name.endswith(("k_scale", "v_scale"))]
+    assert "kv_scales" not in Manifest.read(out).source
 
 
 def test_int8_weight_only_leaves_the_scales_as_they_are(tiny_hf, tmp_path):
