@@ -129,7 +129,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=192, help="every row attends over this many tokens")
     ap.add_argument("--shape", default="llama3-8b")
     ap.add_argument("--gemm-config", help="a `shardline tune-gemm` table")
-    ap.add_argument("--gemm-configs", help="tables to trace in turn, comma-separated (the first also builds the engine)")
+    ap.add_argument("--gemm-configs",
+                    help="tables to trace in turn, comma-separated (the first also builds the engine)")
     ap.add_argument("--rounds", type=int, default=1, help="with --gemm-configs: passes over the tables")
     ap.add_argument("--replays", type=int, default=30, help="back-to-back replays; the last one is read")
     ap.add_argument("--out", help="write every launch's summary here (JSON)")

@@ -183,9 +183,9 @@ def _out_layout(num_warps):
 @gluon.jit
 def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_om,
                         total_runs, programs, oob_row, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, ss_out_ptr,
-                        trace_ptr, BLOCK_N: gl.constexpr, HAS_BIAS: gl.constexpr, GLU: gl.constexpr, SPLIT_K: gl.constexpr,
-                        STAGES: gl.constexpr, EARLY: gl.constexpr, ROW_NORM: gl.constexpr, PARTS_P2: gl.constexpr,
-                        RESIDUAL: gl.constexpr, USE_PDL: gl.constexpr, LATE: gl.constexpr, TRACE: gl.constexpr,
+                        trace_ptr, BLOCK_N: gl.constexpr, HAS_BIAS: gl.constexpr, GLU: gl.constexpr,
+                        SPLIT_K: gl.constexpr, STAGES: gl.constexpr, EARLY: gl.constexpr, ROW_NORM: gl.constexpr,
+                        PARTS_P2: gl.constexpr, RESIDUAL: gl.constexpr, USE_PDL: gl.constexpr, LATE: gl.constexpr, TRACE: gl.constexpr,
                         num_warps: gl.constexpr):
     """ROW_NORM and RESIDUAL: the fold of the RMSNorm before the product and the residual add
     after it, as in the split-K kernel (triton_quant.py: row_rstd, residual_epilogue). TRACE:

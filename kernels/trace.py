@@ -4,8 +4,8 @@ With it on, every launch of the split-K GEMM (triton_quant.py), the ring GEMM (g
 decode attention (triton_attention.py) gets a buffer of [programs, len(FIELDS)] int64 words, and
 each program writes into its row, from %globaltimer (ns): when it started, when its PDL wait
 returned, when its first tiles had landed (the ring only: its consumers wait on a barrier; the
-others' loads are pipelined out of sight, and they write 0 there), when it left its main loop and when it exited, and
-the multiprocessor it ran on (%smid). The buffers are made at launch, in a graph capture from
+others' loads are pipelined out of sight, and they write 0 there), when it left its main loop
+and when it exited, and the multiprocessor it ran on (%smid). The buffers are made at launch, in a graph capture from
 the graph's pool, so a replayed graph rewrites them; `launches()` lists them in launch order
 with a label saying which product or kernel each is. `benchmarks/program_trace.py` reads them.
 

@@ -515,7 +515,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         trace_ptr, traced = trace.buffer("attention", T * nkv * splits, out)
         _decode_kernel[(T, nkv, splits)](
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
-            scale_log2, v_scale, B, nh, *strides, *new_kv, trace_ptr, TRACE=traced, GROUP=group, GROUP_P2=max(next_pow2(group), 16),
+            scale_log2, v_scale, B, nh, *strides, *new_kv, trace_ptr, TRACE=traced, GROUP=group,
+            GROUP_P2=max(next_pow2(group), 16),
             NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, LATE=late, **cfg,
             **common, **pdl_args(q))
         if splits > 1:
