@@ -68,3 +68,13 @@ def test_traced_kernels_compile_for_sm90_with_a_timer_read_per_stamp():
         attention = compile_decode(2, 64, 4, trace=traced).asm["ptx"]
         assert (ring.count("%globaltimer"), ring.count("%smid")) == ((6, 2) if traced else (0, 0))
         assert (attention.count("%globaltimer"), attention.count("%smid")) == ((4, 1) if traced else (0, 0))
+
+
+def test_bad_arguments_are_named_before_the_gpu():
+    import subprocess
+    import sys
+    for flags, says in ((["--batch", "0"], "--batch 0"), (["--gemm-config", "a.json", "--gemm-configs", "b.json"],
+                                                           "not both"), (["--shape", "nope"], "--shape nope")):
+        out = subprocess.run([sys.executable, "-m", "benchmarks.program_trace", *flags], capture_output=True,
+                             text=True, timeout=120, check=False)
+        assert out.returncode == 2 and says in out.stderr, (flags, out.stderr[-500:])
