@@ -43,7 +43,7 @@ from . import trace
 from ._dispatch import use_pdl
 from .quant import RING_MAX_M as MAX_M
 from .quant import ring_fits
-from .triton_pdl import T_EXIT, T_FIRST, T_LOOP_END, T_START, T_WAITED, T_WORDS
+from .triton_pdl import T_EXIT, T_FIRST, T_LOOP_END, T_SM, T_START, T_WAITED, T_WORDS
 from .triton_quant import FoldArgs, _tile_counters
 
 BLOCK_M = gl.constexpr(MAX_M)  # one warpgroup's wgmma rows: x's tile, whatever M <= 64 is
@@ -69,7 +69,7 @@ def _stamp(trace_ptr, program, FIELD: gl.constexpr, TRACE: gl.constexpr):
         gl.store(trace_ptr + program * T_WORDS + FIELD, now)
         if FIELD == T_EXIT:
             sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=True, pack=1)
-            gl.store(trace_ptr + program * T_WORDS + T_WORDS - 1, sm.to(gl.int64))
+            gl.store(trace_ptr + program * T_WORDS + T_SM, sm.to(gl.int64))
 
 
 @gluon.jit

@@ -50,3 +50,4 @@ def weight_bytes() -> dict[str, int]:
 
 def clear() -> None:
     _launches.clear()
+    _weight_bytes.clear()

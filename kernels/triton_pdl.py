@@ -17,6 +17,8 @@ no placement gained there in whole runs; at 16 rows attention, o and gate/up lat
 import triton
 import triton.language as tl
 
+from . import trace
+
 
 @triton.jit
 def pdl_wait(USE_PDL: tl.constexpr, LATE: tl.constexpr = False):
@@ -43,13 +45,14 @@ def prefetch_l2(ptrs):
                               dtype=tl.int32, is_pure=False, pack=1)
 
 
-# kernels/trace.py's FIELDS, as the kernels name them.
-T_START = tl.constexpr(0)
-T_WAITED = tl.constexpr(1)
-T_FIRST = tl.constexpr(2)
-T_LOOP_END = tl.constexpr(3)
-T_EXIT = tl.constexpr(4)
-T_WORDS = tl.constexpr(6)
+# kernels/trace.py's FIELDS, as the kernels name them (the indices are trace.py's).
+T_START = tl.constexpr(trace.START)
+T_WAITED = tl.constexpr(trace.WAITED)
+T_FIRST = tl.constexpr(trace.FIRST)
+T_LOOP_END = tl.constexpr(trace.LOOP_END)
+T_EXIT = tl.constexpr(trace.EXIT)
+T_SM = tl.constexpr(trace.SM)
+T_WORDS = tl.constexpr(len(trace.FIELDS))
 
 
 @triton.jit
@@ -61,4 +64,4 @@ def trace_stamp(trace_ptr, program, FIELD: tl.constexpr, TRACE: tl.constexpr):
         if FIELD == T_START:
             tl.store(trace_ptr + program * T_WORDS + T_FIRST, 0)
         if FIELD == T_EXIT:
-            tl.store(trace_ptr + program * T_WORDS + T_WORDS - 1, tl.extra.cuda.smid().to(tl.int64))
+            tl.store(trace_ptr + program * T_WORDS + T_SM, tl.extra.cuda.smid().to(tl.int64))
