@@ -3,6 +3,7 @@
     python -m benchmarks.program_trace [--batch 64] [--context 192] [--gemm-config T] [--shape llama3-8b]
                                        [--replays 30] [--out trace.json]
     python -m benchmarks.program_trace --gemm-configs A.json,B.json [--rounds 2] ...  # alternated
+    python -m benchmarks.program_trace --read trace.json [--sms 132]  # a saved middle layer, by wave (CPU)
 
 The DRAM timeline (benchmarks/dram_timeline.py) shows the products streaming at 90-98% of peak
 between kernels and the memory idling at each boundary, ~30 us a layer at batch 64. This script
@@ -24,6 +25,13 @@ middle layers), in us:
 * TB/s: a product's weight bytes over its first wait to its last exit, and a program: its bytes
   a program over the median program's wait to exit (GB/s);
 * SMs: the multiprocessors its programs ran on.
+
+`--read` takes a file that `--out` wrote and splits each traced table's middle layer (its raw
+records) by wave: a program of the second wave starts after the kernel's first exit. Per wave, a
+median program's ramp (wait to first tiles: the ring), loop (first tiles, else the wait, to the
+loop's end) and epilogue (loop end to exit), and the wave's weight rate (its programs' bytes over
+the median loop, times the programs in the wave, at most --sms); the weight bytes come from the
+label's N x K at 2 bytes an element (a bf16 model).
 
 Tracing must not change the step: the buffers are allocated empty (a fill kernel would break the
 PDL chain) and each program adds a few stores; SHARDLINE_TRACE_PROGRAMS=0 times the same replay
@@ -114,6 +122,51 @@ def timer_tick_ns(launches: list[tuple[str, torch.Tensor]]) -> int:
     return min(steps) if steps else 0
 
 
+def _shape_bytes(label: str, elem_bytes: int = 2) -> int | None:
+    """A product label's weight bytes ('ring 6144x4096' -> 6144 * 4096 * elem_bytes), else None."""
+    last = label.split()[-1]
+    n, x, k = last.partition("x")
+    return int(n) * int(k) * elem_bytes if x and n.isdigit() and k.isdigit() else None
+
+
+def waves(label: str, records: list[list[int]], sms: int = 132) -> list[dict]:
+    """One kernel launch's raw records split by wave (a second-wave program starts after the
+    launch's first exit): per wave its programs and median ramp, loop and epilogue (us), and the
+    weight rate of its loops (TB/s, None when the label names no product)."""
+    first_exit = min(r[EXIT] for r in records)
+    groups = [[r for r in records if r[START] <= first_exit], [r for r in records if r[START] > first_exit]]
+    nbytes = _shape_bytes(label)
+    out = []
+    for wave, rows in enumerate(groups, 1):
+        if not rows:
+            continue
+        ramp = [r[FIRST] - r[WAITED] for r in rows if r[FIRST] > 0]
+        loop = _median([r[LOOP_END] - (r[FIRST] if r[FIRST] > 0 else r[WAITED]) for r in rows])
+        rate = (nbytes / len(records) / loop * min(len(rows), sms) / 1e3) if nbytes and loop > 0 else None
+        out.append({"kernel": label, "wave": wave, "programs": len(rows),
+                    "ramp": _median(ramp) / 1e3 if ramp else None, "loop": loop / 1e3,
+                    "epilogue": _median([r[EXIT] - r[LOOP_END] for r in rows]) / 1e3, "TB/s": rate})
+    return out
+
+
+def read(path: str, sms: int) -> str:
+    """What --read prints for a file that --out wrote."""
+    with open(path) as f:
+        saved = json.load(f)
+    lines = [f"{saved.get('gpu')}  {saved.get('date')}  (read from {path})", f"$ {saved.get('command')}"]
+    for t in saved.get("traces", []):
+        if "middle_layer_records" not in t:
+            continue
+        lines.append(f"\n{t['table']}: replay {t['replay_ms']:.3f} ms; a middle layer by wave")
+        lines.append(f"{'kernel':<24} {'wave':>4} {'programs':>8} {'ramp':>6} {'loop':>7} {'epilogue':>8} {'TB/s':>6}")
+        for key, records in t["middle_layer_records"].items():
+            for w in waves(key.split(": ", 1)[-1], records, sms):
+                cells = [f"{w[c]:.2f}" if w[c] is not None else "-" for c in ("ramp", "loop", "epilogue", "TB/s")]
+                lines.append(f"{w['kernel']:<24} {w['wave']:>4} {w['programs']:>8} {cells[0]:>6} {cells[1]:>7} "
+                             f"{cells[2]:>8} {cells[3]:>6}")
+    return "\n".join(lines)
+
+
 def format_table(kernels: list[dict]) -> str:
     head = f"{'kernel':<24} {'launches':>8} {'programs':>8} {'SMs':>4} " + " ".join(f"{c:>9}" for c in COLUMNS)
     lines = [head]
@@ -134,7 +187,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="with --gemm-configs: passes over the tables")
     ap.add_argument("--replays", type=int, default=30, help="back-to-back replays; the last one is read")
     ap.add_argument("--out", help="write every launch's summary here (JSON)")
+    ap.add_argument("--read", metavar="JSON", help="print a file --out wrote, its middle layer by wave (no GPU)")
+    ap.add_argument("--sms", type=int, default=132, help="with --read: the GPU's multiprocessors")
     args = ap.parse_args()
+    if args.read:
+        try:
+            print(read(args.read, args.sms))
+        except (OSError, ValueError, KeyError) as e:
+            ap.error(f"--read {args.read}: {e!r}; give a file that `program_trace --out` wrote")
+        return
     if args.batch < 1 or args.context < 1 or args.replays < 1 or args.rounds < 1:
         ap.error(f"--batch {args.batch}, --context {args.context}, --replays {args.replays}, --rounds {args.rounds}: "
                  "each >= 1")

@@ -78,3 +78,28 @@ def test_bad_arguments_are_named_before_the_gpu():
         out = subprocess.run([sys.executable, "-m", "benchmarks.program_trace", *flags], capture_output=True,
                              text=True, timeout=120, check=False)
         assert out.returncode == 2 and says in out.stderr, (flags, out.stderr[-500:])
+
+
+def test_a_saved_layer_splits_into_waves_with_their_ramps_loops_and_rates(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from benchmarks.program_trace import read, waves
+    # Two programs start at once; a third starts after the first exit (8 us): the second wave.
+    recs = [[0, 1000, 1500, 7500, 8000, 0], [0, 1000, 1600, 8600, 9000, 1], [8500, 8600, 9000, 13000, 13200, 0]]
+    first, second = waves("ring 1000x300", recs, sms=132)
+    assert (first["wave"], first["programs"], second["wave"], second["programs"]) == (1, 2, 2, 1)
+    assert first["ramp"] == pytest.approx(0.55) and first["loop"] == pytest.approx(6.5)
+    assert first["epilogue"] == pytest.approx(0.45) and second["epilogue"] == pytest.approx(0.2)
+    # 600 KB over 3 programs, 200 KB in a median loop of 6.5 us, times the wave's 2 programs.
+    assert first["TB/s"] == pytest.approx(200_000 / 6500 * 2 / 1e3)
+    assert waves("attention", recs)[0]["TB/s"] is None, "no weight bytes in an attention label"
+    saved = tmp_path / "t.json"
+    saved.write_text(json.dumps({"gpu": "G", "date": "D", "command": "c", "traces": [
+        {"table": "T", "replay_ms": 4.6, "middle_layer_records": {"80: ring 1000x300": recs}}]}))
+    text = read(str(saved), 132)
+    assert "T: replay 4.600 ms" in text and len([ln for ln in text.splitlines() if ln.startswith("ring")]) == 2
+    out = subprocess.run([sys.executable, "-m", "benchmarks.program_trace", "--read", str(tmp_path / "none.json")],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2 and "--read" in out.stderr and "program_trace --out" in out.stderr, out.stderr[-300:]
