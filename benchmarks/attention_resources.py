@@ -35,13 +35,14 @@ HEADS = sorted(n for n, c in SHAPES.items() if c["position"] == "rotary")
 
 def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False, opaque_bt: bool = False,
                    heads: str = "llama3-8b", rotary: bool = True, maxnreg: int | None = None, late: bool = False,
-                   trace: bool = False):
+                   trace: bool = False, new_first: bool = False):
     """The decode kernel as the engine launches it at batch <= 64 (one query row a sequence, no
     context splits), for sm_90; `early_kv`, `opaque_bt`: the config keys EARLY_KV and OPAQUE_BT;
     `heads` a rotary shape of random_weights.SHAPES; `rotary` False: the kernel that
     rotary_decode_attention runs after the rotary kernel (FUSE_ROTARY false); `maxnreg` caps registers a thread (the config key);
     `late`: the LATE key (the next kernel launches once every program has left its loop); `trace`:
-    kernels/trace.py's timeline stores."""
+    kernels/trace.py's timeline stores; `new_first`: the NEW_FIRST key (the new token read and
+    written before the loop)."""
     shape = SHAPES[heads]
     group, hd, rot = shape["num_heads"] // shape["num_kv_heads"], shape["head_dim"], shape["rotary_dim"]
     fn = _decode_kernel
@@ -56,7 +57,8 @@ def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False
                       HEAD_DIM_P2=max(next_pow2(hd), 16), BLOCK_SIZE=16, BLOCK_N=block_n,
                       NUM_SPLITS=1, SEQS_BLOCK=64, DOT_PRECISION="tf32", ROTARY=rotary, HALF=rot // 2 if rotary else 1,
                       ROT=rot if rotary else 2, ONE_ROW=True,
-                      EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, LATE=late, TRACE=trace, USE_PDL=True)
+                      EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, LATE=late, TRACE=trace, USE_PDL=True,
+                      NEW_FIRST=new_first and rotary)
     sig |= {k: "constexpr" for k in constexprs}
     aligned = [n for n in order if sig[n].startswith("*") or n.startswith("stride")]
     src = ASTSource(fn=fn, signature={n: sig[n] for n in order},
@@ -83,6 +85,8 @@ def main() -> None:
     ap.add_argument("--early-kv", action="store_true", help="the form that reads its first K/V tile before the PDL wait")
     ap.add_argument("--opaque-bt", action="store_true",
                     help="the form that reads block ids by inline PTX, so that the K/V tiles pipeline (OPAQUE_BT)")
+    ap.add_argument("--new-first", action="store_true",
+                    help="the form that reads and writes the new token before the loop (NEW_FIRST)")
     ap.add_argument("--heads", choices=HEADS, default="llama3-8b", help="the model's head shape")
     ap.add_argument("--no-rotary", action="store_true", help="the kernel without rotary fused (FUSE_ROTARY false)")
     ap.add_argument("--maxnreg", type=int, help="cap registers a thread (the decode config's maxnreg)")
@@ -96,11 +100,12 @@ def main() -> None:
           + (", rotary in its own kernel" if args.no_rotary else ", rotary fused")
           + (f", at most {args.maxnreg} registers" if args.maxnreg else "")
           + (", first K/V tile before the PDL wait" if args.early_kv else "")
-          + (", block ids by inline PTX" if args.opaque_bt else ""))
+          + (", block ids by inline PTX" if args.opaque_bt else "")
+          + (", the new token before the loop" if args.new_first else ""))
     print(f"{'stages':>6} {'shared KB':>9} {'regs':>5} {'spill B':>7} {'programs/SM':>11} {'shared left KB':>14}")
     for stages in args.stages:
         kernel = compile_decode(stages, args.block_n, args.warps, args.early_kv, args.opaque_bt, args.heads,
-                                not args.no_rotary, args.maxnreg)
+                                not args.no_rotary, args.maxnreg, new_first=args.new_first)
         regs, spills = _ptxas(kernel.asm["ptx"])
         shared = kernel.metadata.shared
         n = resident(shared, regs, args.warps)

@@ -43,7 +43,7 @@ KV_CACHE_DTYPE = "auto"  # --kv-cache-dtype: every engine's KV cache (fp8: e4m3)
 # The decode attention keys an A/B may change over the kernel's choice (--attention-configs, and
 # step_tune's --attention-config).
 ATTENTION_TILE_KEYS = {"BLOCK_N", "num_warps", "num_stages", "maxnreg", "splits", "EARLY_KV", "OPAQUE_BT", "LATE",
-                       "FUSE_ROTARY"}
+                       "FUSE_ROTARY", "NEW_FIRST"}
 
 
 # What --skip may leave out: the Llama table (and its prefill), the quantized rows, GPT-J, prefill.
@@ -59,7 +59,7 @@ def attention_config_problem(c) -> str | None:
     splits = c.get("splits", 1)
     if not (isinstance(splits, int) and 1 <= splits <= 64 and splits & (splits - 1) == 0):
         return f"splits={splits!r}: a power of two from 1 to 64 (the context splits a row's keys take)"
-    for key in ("EARLY_KV", "OPAQUE_BT", "FUSE_ROTARY", "LATE"):
+    for key in ("EARLY_KV", "OPAQUE_BT", "FUSE_ROTARY", "LATE", "NEW_FIRST"):
         if not isinstance(c.get(key, False), bool):
             return f"{key}={c[key]!r}: true or false"
     return None

@@ -3,6 +3,7 @@
     python -m benchmarks.program_trace [--batch 64] [--context 192] [--gemm-config T] [--shape llama3-8b]
                                        [--replays 30] [--out trace.json]
     python -m benchmarks.program_trace --gemm-configs A.json,B.json [--rounds 2] ...  # alternated
+    python -m benchmarks.program_trace --attention-configs '[{}, {"NEW_FIRST": true}]' ...  # attention A/B
     python -m benchmarks.program_trace --read trace.json [--sms 132]  # a saved middle layer, by wave (CPU)
 
 The DRAM timeline (benchmarks/dram_timeline.py) shows the products streaming at 90-98% of peak
@@ -184,7 +185,10 @@ def main() -> None:
     ap.add_argument("--gemm-config", help="a `shardline tune-gemm` table")
     ap.add_argument("--gemm-configs",
                     help="tables to trace in turn, comma-separated (the first also builds the engine)")
-    ap.add_argument("--rounds", type=int, default=1, help="with --gemm-configs: passes over the tables")
+    ap.add_argument("--attention-configs", type=json.loads,
+                    help="decode attention overrides to trace in turn, a JSON list of objects (decode_bench's "
+                         "keys); with --gemm-configs, paired with the tables one to one")
+    ap.add_argument("--rounds", type=int, default=1, help="with several variants: passes over them")
     ap.add_argument("--replays", type=int, default=30, help="back-to-back replays; the last one is read")
     ap.add_argument("--out", help="write every launch's summary here (JSON)")
     ap.add_argument("--read", metavar="JSON", help="print a file --out wrote, its middle layer by wave (no GPU)")
@@ -203,9 +207,21 @@ def main() -> None:
         ap.error("--gemm-config or --gemm-configs, not both")
     tables = args.gemm_configs.split(",") if args.gemm_configs else [args.gemm_config]
     from benchmarks import decode_bench
+    attention = args.attention_configs
+    if attention is not None:
+        problems = ([decode_bench.attention_config_problem(c) for c in attention] if isinstance(attention, list)
+                    else ["a list"])
+        if not attention or any(problems):
+            ap.error(f"--attention-configs takes a JSON list of objects ({next((p for p in problems if p), 'empty')}), "
+                     f"e.g. '[{{}}, {{\"NEW_FIRST\": true}}]'; got {attention!r}")
+        if len(tables) > 1 and len(tables) != len(attention):
+            ap.error(f"--gemm-configs ({len(tables)}) and --attention-configs ({len(attention)}) pair one to one: "
+                     "give as many of each")
+        tables = tables * len(attention) if len(tables) == 1 else tables
+    variants = list(zip(tables, attention or [None] * len(tables)))
     from shardline import step_tuning
     from shardline.gemm_tuning import GemmTable
-    from shardline.kernels import trace
+    from shardline.kernels import trace, triton_attention
     if args.shape not in decode_bench.SHAPES:
         ap.error(f"--shape {args.shape}: one of {', '.join(sorted(decode_bench.SHAPES))}")
     if not torch.cuda.is_available():
@@ -216,12 +232,15 @@ def main() -> None:
     engine = pipeline.engines[0]
     loaded = {t: GemmTable.load(t, engine.device) if t else None for t in tables}
     results = []
-    for _ in range(args.rounds if len(tables) > 1 else 1):
-        for t in tables:
-            if len(tables) > 1:
+    for _ in range(args.rounds if len(variants) > 1 else 1):
+        for t, override in variants:
+            if len(set(tables)) > 1:
                 engine.model.configure_gemms(loaded[t])
+            if override is not None:
+                triton_attention.DECODE_OVERRIDE = dict(override)
             engine.graphs.reset()
-            results.append(trace_step(engine, t, args, trace, step_tuning))
+            label = t if override is None else f"{t} attention {json.dumps(override)}"
+            results.append(trace_step(engine, label, args, trace, step_tuning))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "date": str(datetime.date.today()),

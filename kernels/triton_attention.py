@@ -162,6 +162,27 @@ def _find_sequence(qsl_ptr, num_seqs, target, BLOCK_Q: tl.constexpr, SEQS_BLOCK:
     return tl.maximum(count - 1, 0)
 
 
+@triton.jit
+def _write_new_token(k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, cs_row, row, row64, kvh, d, dmask,
+                     stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h, stride_k_blk, stride_k_tok, stride_k_h,
+                     stride_v_blk, stride_v_tok, stride_v_h, k_inv_scale, v_inv_scale, pred,
+                     HALF: tl.constexpr, ROT: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """The row's new key (rotated) and value of head kvh as the cache holds them, written to the
+    row's slot where `pred` (this split holds the new token) and the slot is >= 0 (padding rows of
+    a captured batch write nowhere); masked loads where not `pred`."""
+    live = dmask & pred
+    k = as_cached(load_rotated(k_new_ptr + row64 * stride_kn_t + kvh * stride_kn_h, d, live, cs_row, HALF, ROT),
+                  k_cache_ptr, k_inv_scale)
+    v = as_cached(tl.load(v_new_ptr + row64 * stride_vn_t + kvh * stride_vn_h + d, mask=live, other=0.0),
+                  v_cache_ptr, v_inv_scale)
+    slot = tl.load(slot_ptr + row, mask=pred, other=-1).to(tl.int64)
+    blk, off = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+    store = live & (slot >= 0)
+    tl.store(k_cache_ptr + blk * stride_k_blk + off * stride_k_tok + kvh * stride_k_h + d, k, mask=store)
+    tl.store(v_cache_ptr + blk * stride_v_blk + off * stride_v_tok + kvh * stride_v_h + d, v, mask=store)
+    return k, v
+
+
 @triton.jit(do_not_specialize=["num_seqs"])
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
                    part_out_ptr, part_lse_ptr, scale_log2, v_scale, num_seqs, num_heads,
@@ -174,7 +195,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
                    NUM_SPLITS: tl.constexpr, SEQS_BLOCK: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROTARY: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ONE_ROW: tl.constexpr,
                    EARLY_KV: tl.constexpr, OPAQUE_BT: tl.constexpr, LATE: tl.constexpr, TRACE: tl.constexpr,
-                   USE_PDL: tl.constexpr):
+                   USE_PDL: tl.constexpr, NEW_FIRST: tl.constexpr = False):
     """`scale_log2` holds an fp8 cache's k scale, and an fp8 cache's output is multiplied by
     `v_scale` (KVScales: the products run on the stored values); the new token is written times
     `k_inv_scale` and `v_inv_scale` (ROTARY).
@@ -188,6 +209,10 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     sequence r and sees all its seq_len keys; no search of query_start_loc. Under PDL the program
     reads the step's metadata before its wait: the host wrote it before the step's first kernel,
     and only q and the new token come from the kernel ahead.
+
+    NEW_FIRST (ROTARY): the new key and value are read, rotated and written right after the wait,
+    beside q, and held in registers through the loop, rather than after it, so that their round
+    trip to L2 overlaps the cached tiles instead of following them (an A/B key, off).
 
     TRACE: each program's timeline at trace_ptr (kernels/trace.py)."""
     row = tl.program_id(0)
@@ -221,6 +246,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     q_mask = gmask[:, None] & dmask[None, :]
     # The new key comes from registers (ROTARY, below), not the cache.
     hi_cached = tl.minimum(hi, kv_len - 1) if ROTARY else hi
+    holds_new = (kv_len > 0) & (kv_len - 1 >= lo) & (kv_len - 1 < hi)  # this split holds the new token (ROTARY)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     if ROTARY:
         cs_row = cos_sin_ptr + tl.load(pos_ptr + row).to(tl.int64) * stride_cs
@@ -233,6 +259,12 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     trace_stamp(trace_ptr, program, T_WAITED, TRACE)
     if ROTARY:
         q = load_rotated(q_rows, d[None, :], q_mask, cs_row, HALF, ROT)  # (G, D)
+        if NEW_FIRST:  # the new token's loads beside q's, so that their round trip overlaps the loop
+            k_first, v_first = _write_new_token(k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, cs_row, row,
+                                                row64, kvh, d, dmask, stride_kn_t, stride_kn_h, stride_vn_t,
+                                                stride_vn_h, stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk,
+                                                stride_v_tok, stride_v_h, k_inv_scale, v_inv_scale, holds_new, HALF,
+                                                ROT, BLOCK_SIZE)
     else:
         q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0)  # (G, D)
     q = _dot_dtype_for_cache(q, k_cache_ptr)
@@ -254,26 +286,23 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     trace_stamp(trace_ptr, program, T_LOOP_END, TRACE)
     pdl_trigger_late(USE_PDL, LATE)
     if ROTARY:
-        if (kv_len > 0) & (kv_len - 1 >= lo) & (kv_len - 1 < hi):  # this split holds the new token
-            k = as_cached(load_rotated(k_new_ptr + row64 * stride_kn_t + kvh * stride_kn_h, d, dmask, cs_row,
-                                       HALF, ROT), k_cache_ptr, k_inv_scale)
-            v = as_cached(tl.load(v_new_ptr + row64 * stride_vn_t + kvh * stride_vn_h + d, mask=dmask), v_cache_ptr,
-                          v_inv_scale)
-            slot = tl.load(slot_ptr + row).to(tl.int64)
-            if slot >= 0:  # padding rows of a captured batch write nowhere
-                blk, off = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-                tl.store(k_cache_ptr + blk * stride_k_blk + off * stride_k_tok + kvh * stride_k_h + d, k,
-                         mask=dmask)
-                tl.store(v_cache_ptr + blk * stride_v_blk + off * stride_v_tok + kvh * stride_v_h + d, v,
-                         mask=dmask)
+        if holds_new:
+            if not NEW_FIRST:
+                k_tok, v_tok = _write_new_token(k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, cs_row, row,
+                                                row64, kvh, d, dmask, stride_kn_t, stride_kn_h, stride_vn_t,
+                                                stride_vn_h, stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk,
+                                                stride_v_tok, stride_v_h, k_inv_scale, v_inv_scale, True, HALF, ROT,
+                                                BLOCK_SIZE)
+            else:
+                k_tok, v_tok = k_first, v_first
             # The new key as the cached path reads it back: rounded to the cache's dtype, then q's.
-            kf = k.to(q.dtype).to(tl.float32)
+            kf = k_tok.to(q.dtype).to(tl.float32)
             s_new = tl.sum(q.to(tl.float32) * kf[None, :], axis=1) * scale_log2  # (G,)
             m_new = tl.maximum(m_i, s_new)
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s_new - m_new)
             l_i = l_i * alpha + p
-            vf = v.to(q.dtype).to(tl.float32)
+            vf = v_tok.to(q.dtype).to(tl.float32)
             acc = acc * alpha[:, None] + p.to(q.dtype).to(tl.float32)[:, None] * vf[None, :]
             m_i = m_new
     out = _scaled_by_v(acc / tl.where(l_i > 0, l_i, 1.0)[:, None], v_cache_ptr, v_scale)  # an empty split: zeros
@@ -463,7 +492,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
                            decode_config: dict | None = None, prefill_config: dict | None = None,
                            num_splits: int | None = None, rotary: tuple | None = None,
                            kv_scales: KVScales = NO_SCALES):
-    """`decode_config`: BLOCK_N, num_warps, num_stages (and maxnreg, EARLY_KV, OPAQUE_BT, LATE) of the decode
+    """`decode_config`: BLOCK_N, num_warps, num_stages (and maxnreg, EARLY_KV, OPAQUE_BT, LATE, NEW_FIRST) of the decode
     kernel (decode_config_for's by default); its context splits are `num_splits`, else the config's
     `splits` (how an A/B forces them), else `_num_splits`'s choice. `rotary`: (k, v, positions,
     cos_sin, rotary_dim, slot_mapping) of a decode step whose q, k and v are unrotated and not yet
@@ -497,6 +526,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         early_kv = cfg.pop("EARLY_KV", False) and one_row and rotary is not None
         opaque_bt = cfg.pop("OPAQUE_BT", False) and not _dispatch.TRITON_INTERPRET  # the interpreter runs no PTX
         late = bool(cfg.pop("LATE", False))
+        new_first = bool(cfg.pop("NEW_FIRST", False)) and rotary is not None
         hd_p2 = common["HEAD_DIM_P2"]
         if splits > 1:
             part_out = torch.empty((T, nh, splits, hd_p2), dtype=torch.float32, device=q.device)
@@ -517,7 +547,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
             scale_log2, v_scale, B, nh, *strides, *new_kv, trace_ptr, TRACE=traced, GROUP=group,
             GROUP_P2=max(next_pow2(group), 16),
-            NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, LATE=late, **cfg,
+            NUM_SPLITS=splits, **rot, ONE_ROW=one_row, EARLY_KV=early_kv, OPAQUE_BT=opaque_bt, LATE=late, NEW_FIRST=new_first,
+            **cfg,
             **common, **pdl_args(q))
         if splits > 1:
             _combine_kernel[(T, nh)](part_out, part_lse, out, nh, out.stride(0), out.stride(1),

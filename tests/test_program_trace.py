@@ -74,7 +74,10 @@ def test_bad_arguments_are_named_before_the_gpu():
     import subprocess
     import sys
     for flags, says in ((["--batch", "0"], "--batch 0"), (["--gemm-config", "a.json", "--gemm-configs", "b.json"],
-                                                           "not both"), (["--shape", "nope"], "--shape nope")):
+                                                           "not both"), (["--shape", "nope"], "--shape nope"),
+                        (["--attention-configs", '[{"NEW_FIRST": 1}]'], "NEW_FIRST=1: true or false"),
+                        (["--attention-configs", '[{"stages": 2}]'], "keys from"),
+                        (["--gemm-configs", "a.json,b.json", "--attention-configs", "[{}]"], "pair one to one")):
         out = subprocess.run([sys.executable, "-m", "benchmarks.program_trace", *flags], capture_output=True,
                              text=True, timeout=120, check=False)
         assert out.returncode == 2 and says in out.stderr, (flags, out.stderr[-500:])

@@ -366,13 +366,15 @@ def _decode_step_with_new_tokens(ctx, nh, nkv, hd, dtype, device, padding_rows=0
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("nh,nkv,hd,rd", [(6, 2, 64, 64), (32, 8, 128, 128), (4, 4, 96, 48)])
 @pytest.mark.parametrize("num_splits", [1, 2, 8])
-@pytest.mark.parametrize("form", [{}, {"EARLY_KV": True}, {"OPAQUE_BT": True, "num_stages": 4}],
-                         ids=["", "early_kv", "opaque_bt"])
+@pytest.mark.parametrize("form", [{}, {"EARLY_KV": True}, {"OPAQUE_BT": True, "num_stages": 4}, {"NEW_FIRST": True},
+                                  {"NEW_FIRST": True, "OPAQUE_BT": True, "num_stages": 4}],
+                         ids=["", "early_kv", "opaque_bt", "new_first", "new_first_opaque_bt"])
 def test_rotary_decode_attention_triton(device, dtype, nh, nkv, hd, rd, num_splits, form):
     """One kernel (rotary, cache write, attention over the new token from registers) against the
     references run in turn, with context splits that do and do not hold the new token alone, with
-    the first cached tile read before the PDL wait (EARLY_KV; context 0 leaves it empty), and with
-    block ids read so that the K/V tiles pipeline three deep (OPAQUE_BT; on the GPU only)."""
+    the first cached tile read before the PDL wait (EARLY_KV; context 0 leaves it empty), with
+    block ids read so that the K/V tiles pipeline three deep (OPAQUE_BT; on the GPU only), and
+    with the new token read and written before the loop (NEW_FIRST)."""
     from shardline.kernels.rotary import apply_rotary_and_write_kv_ref, rotary_cos_sin
     from shardline.kernels.triton_attention import decode_config_for, paged_attention_triton
     skip_interpreted_bf16_dot(device, dtype)
