@@ -85,6 +85,26 @@ def test_attention_resources_names_a_bad_register_cap_before_compiling():
     assert out.returncode == 2 and "--maxnreg 5: registers a thread, from 24 to 255" in out.stderr, out.stderr[-500:]
 
 
+def test_split_k_resources_hold_a_tma_tile_a_stage_and_name_a_bad_tile():
+    """The split-K kernel compiled for sm_90 at the batch-64 gate/up entry and at its 256-row twin
+    (session b): shared memory is the stages' TMA tiles (gate, up and x) and their barriers, nothing spills; a
+    malformed --tile is a usage error."""
+    pytest.importorskip("triton", reason="benchmarks/splitk_resources.py compiles with Triton")
+    import subprocess
+    import sys
+    from benchmarks.gemv_registers import _ptxas
+    from benchmarks.splitk_resources import compile_split_k
+    for bn, bk, warps, stages in ((128, 128, 4, 4), (256, 64, 8, 4)):
+        kernel = compile_split_k(bn, bk, 1, warps, stages)
+        regs, spills = _ptxas(kernel.asm["ptx"])
+        tile_bytes = (bn * bk + 64 * bk) * 2  # gate + up rows, then x's 64 rows, bf16
+        barriers = kernel.metadata.shared - stages * tile_bytes  # the TMA loads' mbarriers
+        assert 0 <= barriers < 1024 and spills == 0 and regs <= 255, (bn, kernel.metadata.shared, regs, spills)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.splitk_resources", "--tile", "128,128"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2 and "BLOCK_N,BLOCK_K,SPLIT_K,num_warps,num_stages" in out.stderr, out.stderr[-500:]
+
+
 def test_resident_programs_take_the_least_of_registers_shared_memory_and_slots():
     pytest.importorskip("triton", reason="benchmarks/attention_resources.py compiles with Triton")
     from benchmarks.attention_resources import resident
