@@ -23,6 +23,8 @@ middle layers), in us:
 * tail: its last exit past its median exit (the spread that the next kernel waits out);
 * program: its median program's time from start to exit, and last: the same for the program
   that exited last (a partial last wave shows as a tail of one program's time);
+* early: the share of its programs that started 1 us or more before that exit (resident beside
+  the kernel ahead, PDL's lead put to work; o's were 4 of 132 beside attention in session b);
 * TB/s: a product's weight bytes over its first wait to its last exit, and a program: its bytes
   a program over the median program's wait to exit (GB/s);
 * SMs: the multiprocessors its programs ran on.
@@ -56,7 +58,8 @@ import torch  # noqa: E402
 
 from shardline.kernels.trace import EXIT, FIELDS, FIRST, LOOP_END, SM, START, WAITED  # noqa: E402
 
-COLUMNS = ("critical", "lead", "release", "landed", "loop", "tail", "program", "last", "TB/s", "a program")
+COLUMNS = ("critical", "lead", "release", "landed", "loop", "tail", "program", "last", "early", "TB/s", "a program")
+EARLY_NS = 1000  # "early": a program that started this long before the kernel ahead had wholly exited
 
 
 def _median(values: list[float]) -> float:
@@ -85,6 +88,7 @@ def summarise(launches: list[tuple[str, torch.Tensor]], weight_bytes: dict[str, 
             "tail": (last_exit - _median(exit_)) / 1e3,
             "program": _median([e - s for e, s in zip(exit_, start)]) / 1e3,
             "last": (last_exit - start[exit_.index(last_exit)]) / 1e3,
+            "early": sum(s <= before - EARLY_NS for s in start) / len(start),
             "span_end_ns": last_exit,
         })
         nbytes = weight_bytes.get(label)

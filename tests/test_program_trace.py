@@ -26,6 +26,9 @@ def test_each_launch_is_measured_against_the_last_exit_of_the_one_before():
     assert second["loop"] == pytest.approx(15)  # median of 15, 15, 13.5
     assert second["tail"] == pytest.approx(3)  # 35 - median exit 32
     assert second["sms"] == 2
+    # Started 1 us or more before a's last exit (14): the one at 9 (5 us); the one at 13 (1 us) too;
+    # the one at 14 not. The first launch has nothing ahead of it.
+    assert second["early"] == pytest.approx(2 / 3) and first["early"] == 0
     assert first["TB/s"] is None and first["a program"] is None  # no bytes given
     rated = summarise([("qkv", a)], {"qkv": 26_000_000})
     # 26 MB from the first wait (1 us) to the last exit (14 us): 2 TB/s; 13 MB a program over the
