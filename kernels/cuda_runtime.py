@@ -45,10 +45,25 @@ def _nvrtc():
             candidates += sorted(glob.glob(os.path.join(root, "lib", "libnvrtc.so.*")))
     except ImportError:
         pass
+    try:  # CUDA 13's wheels: nvidia/cu13/lib
+        import nvidia
+        for root in nvidia.__path__:
+            candidates += sorted(glob.glob(os.path.join(root, "cu*", "lib", "libnvrtc.so.*")))
+    except ImportError:
+        pass
     candidates += [c for c in (ctypes.util.find_library("nvrtc"),) if c]
+    try:  # CuPy's own NVRTC, loaded by its path: then its soname below resolves to it
+        from cupy_backends.cuda.libs import nvrtc as cupy_nvrtc
+        cupy_nvrtc.getVersion()
+    except Exception:  # noqa: BLE001 (no CuPy, or it has no NVRTC: the other candidates)
+        pass
+    candidates += ["libnvrtc.so.13", "libnvrtc.so.12"]
     for path in candidates:
         if ".alt." not in path:
-            return ctypes.CDLL(path)
+            try:
+                return ctypes.CDLL(path)
+            except OSError:
+                continue
     raise ImportError("NVRTC not found: pip install nvidia-cuda-nvrtc-cu12 (no GPU needed)")
 
 
@@ -82,6 +97,25 @@ def load_function(source: str, name: str, device_index: int, max_dynamic_shared:
         _check(_driver().cuFuncSetAttribute(ctypes.c_void_p(function), _MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                             max_dynamic_shared), "cuFuncSetAttribute")
     return function
+
+
+@functools.cache
+def load_ptx_function(ptx: str, name: str, device_index: int, max_dynamic_shared: int = 0) -> int:
+    """The CUfunction `name` of `ptx` (compile_ptx's), loaded by the driver into `device_index`'s
+    primary context: for a target CuPy does not pick for the device, such as sm_90a, whose
+    cluster multicast copies the plain sm_90 target runs slower."""
+    import torch
+    torch.cuda.init()
+    with torch.cuda.device(device_index):
+        torch.empty(1, device="cuda")  # the primary context current on this thread
+        lib = _driver()
+        module, function = ctypes.c_void_p(), ctypes.c_void_p()
+        _check(lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(ptx.encode())), "cuModuleLoadData")
+        _check(lib.cuModuleGetFunction(ctypes.byref(function), module, name.encode()), "cuModuleGetFunction")
+    if max_dynamic_shared:
+        _check(lib.cuFuncSetAttribute(function, _MAX_DYNAMIC_SHARED_SIZE_BYTES, max_dynamic_shared),
+               "cuFuncSetAttribute")
+    return function.value
 
 
 def _check(err: int, what: str) -> None:

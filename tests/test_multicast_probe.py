@@ -1,0 +1,42 @@
+"""benchmarks/multicast_probe.py: its walk kernel compiles for sm_90a on any machine (NVRTC), each
+variant with the copies it names; the timing itself needs a Hopper GPU."""
+
+import pytest
+
+from benchmarks import multicast_probe as probe
+
+
+@pytest.fixture(scope="module")
+def compile_ptx():
+    from shardline.kernels import cuda_runtime
+    try:
+        cuda_runtime._nvrtc()
+    except ImportError as e:
+        pytest.skip(f"no NVRTC on this machine: {e}")
+    return lambda **v: cuda_runtime.compile_ptx(probe.source(32, 6, **v), "compute_90a")
+
+
+def test_each_variant_compiles_with_the_copies_it_names(compile_ptx):
+    ptx = {name: compile_ptx(**v) for name, v in probe.VARIANTS.items()}
+    assert all(".target sm_90a" in p for p in ptx.values())
+    assert ".multicast::cluster" in ptx["mcast 2"] and ".multicast::cluster" in ptx["mcast 4"]
+    assert not any(".multicast::cluster" in ptx[v] for v in ("weights", "x", "cluster 2"))
+    # Clustered programs: the cluster's shape in the kernel, a barrier across it, remote arrives.
+    assert ".reqnctapercluster 2" in ptx["cluster 2"] and ".reqnctapercluster 4" in ptx["mcast 4"]
+    assert "barrier.cluster" in ptx["mcast 2"] and "mapa.shared::cluster" in ptx["mcast 2"]
+    assert "barrier.cluster" not in ptx["x"]
+    # Only the variants with x copy more than the weights' rows.
+    assert ptx["weights"].count("cp.async.bulk") < ptx["x"].count("cp.async.bulk")
+
+
+def test_a_multicast_needs_x_and_a_cluster_that_divides_its_rows():
+    with pytest.raises(ValueError, match="mcast needs x"):
+        probe.source(32, 6, X=1, CLUSTER=1, MCAST=1)
+    with pytest.raises(ValueError, match="mcast needs x"):
+        probe.source(32, 6, X=0, CLUSTER=2, MCAST=1)
+
+
+def test_stages_fit_the_shared_memory_the_walk_asks_for():
+    for n, k, bn, stages in probe.PRODUCTS.values():
+        assert n % (bn * 4) == 0 and k % probe.BK == 0  # whole clusters of 4, whole stages
+        assert probe.stage_bytes(bn, 1) * 2 <= 220 * 1024
