@@ -64,10 +64,29 @@ __device__ __forceinline__ void arrive_remote(u32 bar, u32 cta) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(cta));
     asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
 }
+// A stage's empty barrier counts arrivals from every program of the cluster: wait at its scope.
+__device__ __forceinline__ void mbar_wait_cluster(u64* bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; "
+                     "selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    } while (!done);
+}
 #define CLUSTER_ATTR __cluster_dims__(CLUSTER, 1, 1)
 #else
 #define CLUSTER_ATTR
+#define mbar_wait_cluster mbar_wait
 #endif
+
+__device__ __forceinline__ void mma_bf16(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
 
 #define ROW_BYTES (BK * 2)
 #define PITCH (ROW_BYTES + 16)   // a padded row: ldmatrix's eight rows fall in different banks
@@ -75,10 +94,19 @@ __device__ __forceinline__ void arrive_remote(u32 bar, u32 cta) {
 #define STAGE (W_STAGE + (X ? 64 * PITCH : 0))
 
 extern "C" __global__ void CLUSTER_ATTR __launch_bounds__((WARPS + 1) * 32)
-walk(const unsigned char* __restrict__ w, const unsigned char* __restrict__ x, u32* __restrict__ out, int K)
+walk(const unsigned char* __restrict__ w, const unsigned char* __restrict__ x, void* __restrict__ out, int N, int K)
 {
     extern __shared__ __align__(128) unsigned char stages[];
     __shared__ u64 full[STAGES], empty[STAGES];
+    // A consumer warp done with stage s frees it in every program of the cluster (their producers
+    // multicast x into it).
+    auto free_stage = [&](int s, int lane) {
+#if CLUSTER > 1
+        if (lane < CLUSTER) arrive_remote(smem_u32(&empty[s]), lane);
+#else
+        if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_u32(&empty[s])) : "memory");
+#endif
+    };
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, steps = K / BK;
     const size_t k_bytes = (size_t)K * 2;
 #if CLUSTER > 1
@@ -101,7 +129,7 @@ walk(const unsigned char* __restrict__ w, const unsigned char* __restrict__ x, u
         const unsigned char* w_rows = w + (size_t)blockIdx.x * BN * k_bytes;
         for (int i = 0; i < steps; ++i) {
             const int s = i % STAGES;
-            if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) & 1) ^ 1);
+            if (i >= STAGES) mbar_wait_cluster(&empty[s], ((i / STAGES) & 1) ^ 1);
             const u32 bar = smem_u32(&full[s]), dst = smem_u32(stages) + s * STAGE;
             if (lane == 0)
                 asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
@@ -118,7 +146,46 @@ walk(const unsigned char* __restrict__ w, const unsigned char* __restrict__ x, u
                 bulk_copy(dst + W_STAGE + r * PITCH, x + r * k_bytes + i * ROW_BYTES, ROW_BYTES, bar);
 #endif
         }
-    } else {  // the consumers: each stage read once from shared memory, 16 bytes a thread a load
+    } else {
+#if MATH
+        // The product: warp v owns x's rows 16v..16v+15 (mma.m16n8k16's A, by ldmatrix.x4) against
+        // all BN weight rows (B: two 8-row tiles a ldmatrix.x4), fp32 accumulators in registers.
+        float acc_f[BN / 8][4];
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) acc_f[j][0] = acc_f[j][1] = acc_f[j][2] = acc_f[j][3] = 0.f;
+        const u32 a_row = 16 * warp + (lane & 15), a_col = (lane >> 4) * 16;  // bytes
+        const u32 b_row = (lane >> 4) * 8 + (lane & 7), b_col = ((lane >> 3) & 1) * 16;
+        for (int i = 0; i < steps; ++i) {
+            const int s = i % STAGES;
+            mbar_wait(&full[s], (i / STAGES) & 1);
+            const u32 base = smem_u32(stages) + s * STAGE;
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; ++kk) {
+                u32 a0, a1, a2, a3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(base + W_STAGE + a_row * PITCH + kk * 32 + a_col));
+#pragma unroll
+                for (int j = 0; j < BN / 8; j += 2) {
+                    u32 b0, b1, b2, b3;
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                                 : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(base + (8 * j + b_row) * PITCH + kk * 32 + b_col));
+                    mma_bf16(acc_f[j], a0, a1, a2, a3, b0, b1);
+                    mma_bf16(acc_f[j + 1], a0, a1, a2, a3, b2, b3);
+                }
+            }
+            __syncwarp();
+            free_stage(s, lane);
+        }
+        // D's rows are x's (m), its columns the weight rows (n): out[m][n0 + n] in bf16.
+        unsigned short* y = reinterpret_cast<unsigned short*>(out);
+        const int m = 16 * warp + (lane >> 2), n = blockIdx.x * BN + 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            *reinterpret_cast<u32*>(y + (size_t)m * N + n + 8 * j) = pack_bf16(acc_f[j][0], acc_f[j][1]);
+            *reinterpret_cast<u32*>(y + (size_t)(m + 8) * N + n + 8 * j) = pack_bf16(acc_f[j][2], acc_f[j][3]);
+        }
+#else
+        // Each stage read once from shared memory, 16 bytes a thread a load.
         for (int i = 0; i < steps; ++i) {
             const int s = i % STAGES;
             mbar_wait(&full[s], (i / STAGES) & 1);
@@ -129,34 +196,39 @@ walk(const unsigned char* __restrict__ w, const unsigned char* __restrict__ x, u
                 acc ^= a ^ b ^ c ^ d;
             }
             __syncwarp();
-#if CLUSTER > 1
-            if (lane < CLUSTER) arrive_remote(smem_u32(&empty[s]), lane);
-#else
-            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_u32(&empty[s])) : "memory");
-#endif
+            free_stage(s, lane);
         }
+#endif
     }
-    if (acc == 0x9e3779b9u) out[blockIdx.x] = acc;  // keeps the loads; never true for these inputs in practice
+    if (!MATH && acc == 0x9e3779b9u) reinterpret_cast<u32*>(out)[blockIdx.x] = acc;  // keeps the loads
 #if CLUSTER > 1
     cluster_sync();  // no program leaves while another may still copy into it or arrive on its barriers
 #endif
 }
 """
 
-# Llama-3-8B's products at batch 64 as the table tiles them: (rows N, K, rows a program, stages)
+# Llama-3-8B's products at batch 64 as the table tiles them: (rows N, K, rows a program, stages),
+# and the table's ring entry for each (the Gluon GEMM timed beside the walks; gate/up's entry is
+# the split-K kernel, so its ring here is the ring's SwiGLU tile, one wave and a bit)
 PRODUCTS = {"o": (4096, 4096, 32, 6), "qkv": (6144, 4096, 64, 5), "down": (4096, 14336, 32, 6),
             "gate/up": (28672, 4096, 128, 4)}
+RING = {"o": dict(SUB=16, BLOCK_K=128, STAGES=6, WAVES=1), "qkv": dict(BLOCK_N=64, BLOCK_K=128, STAGES=4),
+        "down": dict(BLOCK_N=64, BLOCK_K=128, STAGES=6, SPLIT_K=2), "gate/up": dict(BLOCK_N=128, BLOCK_K=128, STAGES=3)}
 VARIANTS = {"weights": dict(X=0, CLUSTER=1, MCAST=0), "x": dict(X=1, CLUSTER=1, MCAST=0),
             "cluster 2": dict(X=1, CLUSTER=2, MCAST=0), "mcast 2": dict(X=1, CLUSTER=2, MCAST=1),
-            "mcast 4": dict(X=1, CLUSTER=4, MCAST=1)}
+            "mcast 4": dict(X=1, CLUSTER=4, MCAST=1),
+            # the same reads with the product (mma.sync from shared memory, bf16 out)
+            "x, mma": dict(X=1, CLUSTER=1, MCAST=0, MATH=1), "mcast 2, mma": dict(X=1, CLUSTER=2, MCAST=1, MATH=1)}
 BK, WARPS = 128, 4
 
 
-def source(bn: int, stages: int, X: int, CLUSTER: int, MCAST: int) -> str:
+def source(bn: int, stages: int, X: int, CLUSTER: int, MCAST: int, MATH: int = 0) -> str:
     """WALK specialised: the macros first, as cuda_gemv.py does."""
     if MCAST and (not X or CLUSTER < 2 or 64 % CLUSTER):
         raise ValueError(f"mcast needs x and a cluster of 2 or 4 programs, not X={X} CLUSTER={CLUSTER}")
-    defines = dict(BN=bn, BK=BK, STAGES=stages, WARPS=WARPS, X=X, CLUSTER=CLUSTER, MCAST=MCAST)
+    if MATH and (not X or bn % 16):
+        raise ValueError(f"the product needs x and weight rows in 16s, not X={X} BN={bn}")
+    defines = dict(BN=bn, BK=BK, STAGES=stages, WARPS=WARPS, X=X, CLUSTER=CLUSTER, MCAST=MCAST, MATH=MATH)
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + WALK
 
 
@@ -164,7 +236,15 @@ def stage_bytes(bn: int, X: int) -> int:
     return (bn + (64 if X else 0)) * (BK * 2 + 16)
 
 
-def walk_us(product: str, variant: str, reps: int) -> float:
+def _operands(product: str):
+    n, k = PRODUCTS[product][:2]
+    copies = max(2, -(-512 * 2**20 // (n * k * 2)))
+    ws = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / 64 for _ in range(copies)]
+    return ws, torch.randn(64, k, dtype=torch.bfloat16, device="cuda")
+
+
+def walk_us(product: str, variant: str, reps: int, operands) -> tuple[float, float | None]:
+    """(us a launch, and for a product its largest error against torch's over the output's largest)."""
     from shardline.gemm_tuning import _time_graph_us
     from shardline.kernels import cuda_runtime
 
@@ -175,18 +255,30 @@ def walk_us(product: str, variant: str, reps: int) -> float:
     shared = stages * stage_bytes(bn, v["X"])
     ptx = cuda_runtime.compile_ptx(source(bn, stages, **v), "compute_90a")  # multicast wants sm_90a
     fn = cuda_runtime.load_ptx_function(ptx, "walk", torch.cuda.current_device(), shared)
-    copies = max(2, -(-512 * 2**20 // (n * k * 2)))
-    ws = [torch.empty(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
-    x = torch.randn(64, k, dtype=torch.bfloat16, device="cuda")
-    out = torch.empty(n // bn, dtype=torch.int32, device="cuda")
-    stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731 (the capture's stream)
+    ws, x = operands
+    out = torch.zeros(64, n, dtype=torch.bfloat16, device="cuda")
 
     def run(i: int) -> None:
         args = [ctypes.c_void_p(ws[i].data_ptr()), ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(out.data_ptr()),
-                ctypes.c_int(k)]
-        cuda_runtime.launch(fn, n // bn, (WARPS + 1) * 32, shared, stream(), args, pdl=False)
+                ctypes.c_int(n), ctypes.c_int(k)]
+        cuda_runtime.launch(fn, n // bn, (WARPS + 1) * 32, shared, torch.cuda.current_stream().cuda_stream, args,
+                            pdl=False)
 
-    return _time_graph_us(run, copies, reps)
+    us = _time_graph_us(run, len(ws), reps)
+    if not v.get("MATH"):
+        return us, None
+    run(0)
+    ref = x.float() @ ws[0].float().T
+    return us, ((out.float() - ref).abs().max() / ref.abs().max()).item()
+
+
+def ring_us(product: str, reps: int, operands) -> float:
+    """The table's Gluon ring GEMM for the product, alone, the same copies cycled."""
+    from shardline.gemm_tuning import _time_graph_us
+    from shardline.kernels import quant
+    ws, x = operands
+    glu = product == "gate/up"
+    return _time_graph_us(lambda i: quant.ring_linear(x, ws[i], config=RING[product], glu=glu), len(ws), reps)
 
 
 def main() -> None:
@@ -202,17 +294,24 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("multicast_probe needs a GPU (Hopper): none is visible")
     print(f"{torch.cuda.get_device_name()}  {datetime.date.today()}\n$ {' '.join(sys.argv)}")
-    print("us a launch (weight GB/s)".ljust(14) + "".join(f"{v:>20}" for v in VARIANTS))
-    rows = {}
+    names = list(VARIANTS) + ["ring (table)"]
+    print("us a launch (weight GB/s)\n" + "product".ljust(10) + "".join(f"{v:>17}" for v in names))
+    rows, errors = {}, {}
     for product in products:
         n, k = PRODUCTS[product][:2]
-        rows[product] = {v: walk_us(product, v, args.reps) for v in VARIANTS}
-        print(f"{product:<14}" + "".join(f"{us:>10.2f} ({n * k * 2 / us / 1e3:>5.0f})" for us in rows[product].values()),
+        operands = _operands(product)
+        timed = {v: walk_us(product, v, args.reps, operands) for v in VARIANTS}
+        rows[product] = {v: us for v, (us, _) in timed.items()} | {"ring (table)": ring_us(product, args.reps, operands)}
+        errors[product] = {v: err for v, (_, err) in timed.items() if err is not None}
+        del operands
+        print(f"{product:<10}" + "".join(f"{us:>9.2f} ({n * k * 2 / us / 1e3:>5.0f})" for us in rows[product].values()),
               flush=True)
+    print("the products' largest error over the output's largest (bf16 out):",
+          json.dumps({p: {v: round(e, 5) for v, e in errs.items()} for p, errs in errors.items()}))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "date": str(datetime.date.today()),
-                       "command": " ".join(sys.argv), "us": rows}, f, indent=1)
+                       "command": " ".join(sys.argv), "us": rows, "errors": errors}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -40,3 +40,22 @@ def test_stages_fit_the_shared_memory_the_walk_asks_for():
     for n, k, bn, stages in probe.PRODUCTS.values():
         assert n % (bn * 4) == 0 and k % probe.BK == 0  # whole clusters of 4, whole stages
         assert probe.stage_bytes(bn, 1) * 2 <= 220 * 1024
+
+
+def test_every_variant_assembles_for_sm90a_without_spills(compile_ptx, tmp_path):
+    import shutil
+    import subprocess
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        pytest.skip("no ptxas on this machine (the CUDA toolkit's)")
+    for name, v in probe.VARIANTS.items():
+        for bn in (32, 64, 128):
+            src = tmp_path / "walk.ptx"
+            from shardline.kernels import cuda_runtime
+            src.write_text(cuda_runtime.compile_ptx(probe.source(bn, 4, **v), "compute_90a"))
+            done = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(src), "-o", str(tmp_path / "walk.cubin")],
+                                  capture_output=True, text=True)
+            if "Unsupported .version" in done.stderr:
+                pytest.skip(f"this ptxas is older than NVRTC's PTX: {done.stderr.strip().splitlines()[0]}")
+            assert done.returncode == 0, done.stderr
+            assert "0 bytes spill stores" in done.stderr, (name, bn, done.stderr)
