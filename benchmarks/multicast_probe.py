@@ -9,13 +9,17 @@ Hopper can deliver one L2 read into the shared memory of every program of a clus
 (`cp.async.bulk ... .multicast::cluster`), which Gluon 3.6 does not expose; before a GEMM is built
 on it, this kernel measures what it could buy. A CUDA C kernel (WALK below) reads what a product's
 program reads, the way the ring GEMM does (a producer warp filling a ring of shared-memory stages,
-consumer warps reading each stage once and freeing it), and nothing else:
+consumer warps reading each stage once and freeing it; a stage is 128 columns of K, TMA boxes of
+64 columns in 128-byte swizzle), and nothing else:
 
 * weights: each program's BN rows, BK columns a stage (x not read): the floor for the walk;
 * x: the same with the stage's x tile (64 rows) beside the weights, each program its own copy;
 * mcast C: programs in clusters of C; each issues 64 / C of x's rows to all C programs at once,
   and a stage is refilled only once every program of the cluster has freed it;
-* cluster C: clusters of C, each program still reading all of x (the cost of clustering alone).
+* cluster C: clusters of C, each program still reading all of x (the cost of clustering alone);
+* ..., mma: the same reads with the product (mma.sync from shared memory by ldmatrix, bf16 out,
+  checked against torch's), so the walk's rate can be set beside a real GEMM's, and the table's
+  own Gluon ring GEMM for the product, alone.
 
 Each variant is timed in one CUDA graph of back-to-back launches, weight copies cycled out of
 L2, x resident in it (as it is in the step, written by the kernel ahead). GPU only; the source
@@ -35,28 +39,30 @@ import torch
 WALK = r"""
 typedef unsigned int u32;
 typedef unsigned long long u64;
+struct __align__(64) TensorMap { u64 bytes[16]; };  // a CUtensorMap, encoded on the host
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
     u32 done;
     do {
         asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     } while (!done);
 }
-__device__ __forceinline__ void bulk_copy(u32 dst, const unsigned char* src, u32 bytes, u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+// A [rows, 64] box of a 2-D bf16 tensor (128-byte rows, 128-byte swizzle) at (k, row) into `dst`.
+__device__ __forceinline__ void tma_load(u32 dst, const TensorMap* map, int k, int row, u32 bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];" :: "r"(dst), "l"(map), "r"(k), "r"(row), "r"(bar) : "memory");
 }
 #if CLUSTER > 1
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
 }
-// The same bytes into the same shared-memory offset of every program in the cluster (mask), each
-// destination's barrier at `bar`'s offset counting them.
-__device__ __forceinline__ void bulk_multicast(u32 dst, const unsigned char* src, u32 bytes, u32 bar, unsigned short mask) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-                 " [%0], [%1], %2, [%3], %4;" :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask) : "memory");
+// The same box into the same shared-memory offset of every program in the cluster (mask), each
+// destination's barrier at `bar`'s offset counting its bytes.
+__device__ __forceinline__ void tma_multicast(u32 dst, const TensorMap* map, int k, int row, u32 bar, unsigned short mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3}], [%4], %5;" :: "r"(dst), "l"(map), "r"(k), "r"(row), "r"(bar), "h"(mask) : "memory");
 }
 // Arrive on the barrier at `bar`'s offset in program `cta` of the cluster.
 __device__ __forceinline__ void arrive_remote(u32 bar, u32 cta) {
@@ -65,11 +71,11 @@ __device__ __forceinline__ void arrive_remote(u32 bar, u32 cta) {
     asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
 }
 // A stage's empty barrier counts arrivals from every program of the cluster: wait at its scope.
-__device__ __forceinline__ void mbar_wait_cluster(u64* bar, u32 parity) {
+__device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity) {
     u32 done;
     do {
         asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; "
-                     "selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+                     "selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     } while (!done);
 }
 #define CLUSTER_ATTR __cluster_dims__(CLUSTER, 1, 1)
@@ -77,7 +83,6 @@ __device__ __forceinline__ void mbar_wait_cluster(u64* bar, u32 parity) {
 #define CLUSTER_ATTR
 #define mbar_wait_cluster mbar_wait
 #endif
-
 __device__ __forceinline__ void mma_bf16(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -87,36 +92,29 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
+// The 16-byte chunk c of row r in a 128-byte-swizzled box (rows of 128 bytes, 1024-byte aligned).
+__device__ __forceinline__ u32 swizzled(u32 box, u32 r, u32 c) { return box + r * 128 + ((c ^ (r & 7)) << 4); }
 
-#define ROW_BYTES (BK * 2)
-#define PITCH (ROW_BYTES + 16)   // a padded row: ldmatrix's eight rows fall in different banks
-#define W_STAGE (BN * PITCH)
-#define STAGE (W_STAGE + (X ? 64 * PITCH : 0))
+// A stage: the weights' two 64-column halves ([BN, 64] each), then x's ([64, 64] each).
+#define W_STAGE (2 * BN * 128)
+#define STAGE (W_STAGE + (X ? 2 * 64 * 128 : 0))
 
 extern "C" __global__ void CLUSTER_ATTR __launch_bounds__((WARPS + 1) * 32)
-walk(const unsigned char* __restrict__ w, const unsigned char* __restrict__ x, void* __restrict__ out, int N, int K)
+walk(const __grid_constant__ TensorMap w_map, const __grid_constant__ TensorMap x_map, void* __restrict__ out,
+     int N, int K)
 {
-    extern __shared__ __align__(128) unsigned char stages[];
-    __shared__ u64 full[STAGES], empty[STAGES];
-    // A consumer warp done with stage s frees it in every program of the cluster (their producers
-    // multicast x into it).
-    auto free_stage = [&](int s, int lane) {
-#if CLUSTER > 1
-        if (lane < CLUSTER) arrive_remote(smem_u32(&empty[s]), lane);
-#else
-        if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_u32(&empty[s])) : "memory");
-#endif
-    };
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, steps = K / BK;
-    const size_t k_bytes = (size_t)K * 2;
+    extern __shared__ unsigned char smem[];  // STAGES stages, 1024-aligned, then the barriers
+    const u32 stage0 = (smem_u32(smem) + 1023) & ~1023u;
+    const u32 full0 = stage0 + STAGES * STAGE, empty0 = full0 + 8 * STAGES;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, steps = K / 128;
 #if CLUSTER > 1
     u32 rank;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
 #endif
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_u32(&full[s])));
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(&empty[s])), "r"(WARPS * CLUSTER));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(full0 + 8 * s));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(empty0 + 8 * s), "r"(WARPS * CLUSTER));
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -124,27 +122,34 @@ walk(const unsigned char* __restrict__ w, const unsigned char* __restrict__ x, v
 #if CLUSTER > 1
     cluster_sync();  // every program's barriers are set before any copy or arrive reaches them
 #endif
-    u32 acc = 0;
-    if (warp == WARPS) {  // the producer
-        const unsigned char* w_rows = w + (size_t)blockIdx.x * BN * k_bytes;
-        for (int i = 0; i < steps; ++i) {
-            const int s = i % STAGES;
-            if (i >= STAGES) mbar_wait_cluster(&empty[s], ((i / STAGES) & 1) ^ 1);
-            const u32 bar = smem_u32(&full[s]), dst = smem_u32(stages) + s * STAGE;
-            if (lane == 0)
-                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                             :: "r"(bar), "r"((BN + (X ? 64 : 0)) * ROW_BYTES) : "memory");
-            __syncwarp();
-            for (int r = lane; r < BN; r += 32)
-                bulk_copy(dst + r * PITCH, w_rows + r * k_bytes + i * ROW_BYTES, ROW_BYTES, bar);
-#if X && MCAST
-            for (int r = rank * (64 / CLUSTER) + lane; r < (rank + 1) * (64 / CLUSTER); r += 32)
-                bulk_multicast(dst + W_STAGE + r * PITCH, x + r * k_bytes + i * ROW_BYTES, ROW_BYTES, bar,
-                               (unsigned short)((1u << CLUSTER) - 1));
-#elif X
-            for (int r = lane; r < 64; r += 32)
-                bulk_copy(dst + W_STAGE + r * PITCH, x + r * k_bytes + i * ROW_BYTES, ROW_BYTES, bar);
+    // A consumer warp done with stage s frees it in every program of the cluster (their producers
+    // multicast x into it).
+    auto free_stage = [&](int s) {
+#if CLUSTER > 1
+        if (lane < CLUSTER) arrive_remote(empty0 + 8 * s, lane);
+#else
+        if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(empty0 + 8 * s) : "memory");
 #endif
+    };
+    u32 acc = 0;
+    if (warp == WARPS) {  // the producer: one lane issues a stage's four (or, multicast, 2 + 2) boxes
+        if (lane == 0) {
+            for (int i = 0; i < steps; ++i) {
+                const int s = i % STAGES;
+                if (i >= STAGES) mbar_wait_cluster(empty0 + 8 * s, ((i / STAGES) & 1) ^ 1);
+                const u32 bar = full0 + 8 * s, dst = stage0 + s * STAGE;
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                             :: "r"(bar), "r"(STAGE) : "memory");
+                for (int h = 0; h < 2; ++h) {
+                    tma_load(dst + h * BN * 128, &w_map, 128 * i + 64 * h, blockIdx.x * BN, bar);
+#if X && MCAST
+                    tma_multicast(dst + W_STAGE + h * 64 * 128 + rank * (64 / CLUSTER) * 128, &x_map, 128 * i + 64 * h,
+                                  rank * (64 / CLUSTER), bar, (unsigned short)((1u << CLUSTER) - 1));
+#elif X
+                    tma_load(dst + W_STAGE + h * 64 * 128, &x_map, 128 * i + 64 * h, 0, bar);
+#endif
+                }
+            }
         }
     } else {
 #if MATH
@@ -153,28 +158,31 @@ walk(const unsigned char* __restrict__ w, const unsigned char* __restrict__ x, v
         float acc_f[BN / 8][4];
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) acc_f[j][0] = acc_f[j][1] = acc_f[j][2] = acc_f[j][3] = 0.f;
-        const u32 a_row = 16 * warp + (lane & 15), a_col = (lane >> 4) * 16;  // bytes
-        const u32 b_row = (lane >> 4) * 8 + (lane & 7), b_col = ((lane >> 3) & 1) * 16;
+        const u32 a_row = 16 * warp + (lane & 15), a_chunk = lane >> 4;
+        const u32 b_row = (lane >> 4) * 8 + (lane & 7), b_chunk = (lane >> 3) & 1;
         for (int i = 0; i < steps; ++i) {
             const int s = i % STAGES;
-            mbar_wait(&full[s], (i / STAGES) & 1);
-            const u32 base = smem_u32(stages) + s * STAGE;
+            mbar_wait(full0 + 8 * s, (i / STAGES) & 1);
+            const u32 base = stage0 + s * STAGE;
 #pragma unroll
-            for (int kk = 0; kk < BK / 16; ++kk) {
+            for (int kk = 0; kk < 8; ++kk) {  // 16 columns a step: half kk / 4, chunks 2 (kk % 4) + 0..1
+                const u32 h = kk >> 2, c = 2 * (kk & 3);
                 u32 a0, a1, a2, a3;
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(base + W_STAGE + a_row * PITCH + kk * 32 + a_col));
+                             : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+                             : "r"(swizzled(base + W_STAGE + h * 64 * 128, a_row, c + a_chunk)));
 #pragma unroll
                 for (int j = 0; j < BN / 8; j += 2) {
                     u32 b0, b1, b2, b3;
                     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                                 : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(base + (8 * j + b_row) * PITCH + kk * 32 + b_col));
+                                 : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                                 : "r"(swizzled(base + h * BN * 128, 8 * j + b_row, c + b_chunk)));
                     mma_bf16(acc_f[j], a0, a1, a2, a3, b0, b1);
                     mma_bf16(acc_f[j + 1], a0, a1, a2, a3, b2, b3);
                 }
             }
             __syncwarp();
-            free_stage(s, lane);
+            free_stage(s);
         }
         // D's rows are x's (m), its columns the weight rows (n): out[m][n0 + n] in bf16.
         unsigned short* y = reinterpret_cast<unsigned short*>(out);
@@ -188,15 +196,15 @@ walk(const unsigned char* __restrict__ w, const unsigned char* __restrict__ x, v
         // Each stage read once from shared memory, 16 bytes a thread a load.
         for (int i = 0; i < steps; ++i) {
             const int s = i % STAGES;
-            mbar_wait(&full[s], (i / STAGES) & 1);
-            const u32 base = smem_u32(stages) + s * STAGE;
+            mbar_wait(full0 + 8 * s, (i / STAGES) & 1);
+            const u32 base = stage0 + s * STAGE;
             for (u32 o = threadIdx.x * 16; o < STAGE; o += WARPS * 32 * 16) {
                 u32 a, b, c, d;
                 asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(base + o));
                 acc ^= a ^ b ^ c ^ d;
             }
             __syncwarp();
-            free_stage(s, lane);
+            free_stage(s);
         }
 #endif
     }
@@ -210,7 +218,7 @@ walk(const unsigned char* __restrict__ w, const unsigned char* __restrict__ x, v
 # Llama-3-8B's products at batch 64 as the table tiles them: (rows N, K, rows a program, stages),
 # and the table's ring entry for each (the Gluon GEMM timed beside the walks; gate/up's entry is
 # the split-K kernel, so its ring here is the ring's SwiGLU tile, one wave and a bit)
-PRODUCTS = {"o": (4096, 4096, 32, 6), "qkv": (6144, 4096, 64, 5), "down": (4096, 14336, 32, 6),
+PRODUCTS = {"o": (4096, 4096, 32, 8), "qkv": (6144, 4096, 64, 6), "down": (4096, 14336, 32, 8),
             "gate/up": (28672, 4096, 128, 4)}
 RING = {"o": dict(SUB=16, BLOCK_K=128, STAGES=6, WAVES=1), "qkv": dict(BLOCK_N=64, BLOCK_K=128, STAGES=4),
         "down": dict(BLOCK_N=64, BLOCK_K=128, STAGES=6, SPLIT_K=2), "gate/up": dict(BLOCK_N=128, BLOCK_K=128, STAGES=3)}
@@ -219,7 +227,7 @@ VARIANTS = {"weights": dict(X=0, CLUSTER=1, MCAST=0), "x": dict(X=1, CLUSTER=1, 
             "mcast 4": dict(X=1, CLUSTER=4, MCAST=1),
             # the same reads with the product (mma.sync from shared memory, bf16 out)
             "x, mma": dict(X=1, CLUSTER=1, MCAST=0, MATH=1), "mcast 2, mma": dict(X=1, CLUSTER=2, MCAST=1, MATH=1)}
-BK, WARPS = 128, 4
+BK, WARPS = 128, 4  # K columns a stage (two 64-column boxes), consumer warps
 
 
 def source(bn: int, stages: int, X: int, CLUSTER: int, MCAST: int, MATH: int = 0) -> str:
@@ -228,12 +236,13 @@ def source(bn: int, stages: int, X: int, CLUSTER: int, MCAST: int, MATH: int = 0
         raise ValueError(f"mcast needs x and a cluster of 2 or 4 programs, not X={X} CLUSTER={CLUSTER}")
     if MATH and (not X or bn % 16):
         raise ValueError(f"the product needs x and weight rows in 16s, not X={X} BN={bn}")
-    defines = dict(BN=bn, BK=BK, STAGES=stages, WARPS=WARPS, X=X, CLUSTER=CLUSTER, MCAST=MCAST, MATH=MATH)
+    defines = dict(BN=bn, STAGES=stages, WARPS=WARPS, X=X, CLUSTER=CLUSTER, MCAST=MCAST, MATH=MATH)
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + WALK
 
 
 def stage_bytes(bn: int, X: int) -> int:
-    return (bn + (64 if X else 0)) * (BK * 2 + 16)
+    """A stage's shared memory: the weights' [BN, 128] and x's [64, 128] as two 64-column boxes each."""
+    return 2 * (bn + (64 if X else 0)) * 128
 
 
 def _operands(product: str):
@@ -252,15 +261,16 @@ def walk_us(product: str, variant: str, reps: int, operands) -> tuple[float, flo
     v = VARIANTS[variant]
     while stages > 2 and stages * stage_bytes(bn, v["X"]) > 220 * 1024:
         stages -= 1
-    shared = stages * stage_bytes(bn, v["X"])
+    shared = stages * stage_bytes(bn, v["X"]) + 1024 + 16 * stages  # 1024-byte alignment, the barriers
     ptx = cuda_runtime.compile_ptx(source(bn, stages, **v), "compute_90a")  # multicast wants sm_90a
     fn = cuda_runtime.load_ptx_function(ptx, "walk", torch.cuda.current_device(), shared)
     ws, x = operands
+    w_maps = [cuda_runtime.tensor_map(w, bn, 64) for w in ws]
+    x_map = cuda_runtime.tensor_map(x, 64 // v["CLUSTER"] if v["MCAST"] else 64, 64)
     out = torch.zeros(64, n, dtype=torch.bfloat16, device="cuda")
 
     def run(i: int) -> None:
-        args = [ctypes.c_void_p(ws[i].data_ptr()), ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(out.data_ptr()),
-                ctypes.c_int(n), ctypes.c_int(k)]
+        args = [w_maps[i], x_map, ctypes.c_void_p(out.data_ptr()), ctypes.c_int(n), ctypes.c_int(k)]
         cuda_runtime.launch(fn, n // bn, (WARPS + 1) * 32, shared, torch.cuda.current_stream().cuda_stream, args,
                             pdl=False)
 

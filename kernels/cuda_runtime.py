@@ -118,6 +118,30 @@ def load_ptx_function(ptx: str, name: str, device_index: int, max_dynamic_shared
     return function.value
 
 
+_BF16, _FP16 = 9, 6  # CU_TENSOR_MAP_DATA_TYPE_*
+_SWIZZLE_128B, _L2_PROMOTION_128B = 3, 2
+
+
+def tensor_map(t, box_rows: int, box_cols: int) -> ctypes.Array:
+    """A 2-D TMA descriptor (CUtensorMap, 128 bytes) over the row-major 16-bit matrix `t`: boxes of
+    box_rows x box_cols elements, shared memory in 128-byte swizzle (box_cols * 2 == 128 bytes);
+    passed by value to a kernel that takes a `const __grid_constant__` 128-byte struct."""
+    import torch
+    if t.dim() != 2 or t.dtype not in (torch.bfloat16, torch.float16) or t.stride(1) != 1:
+        raise ValueError(f"tensor_map: a row-major 2-D bf16 or fp16 matrix, not {t.dtype} of strides {t.stride()}")
+    if box_cols * 2 != 128 or not 1 <= box_rows <= 256:
+        raise ValueError(f"tensor_map: box {box_rows} x {box_cols}: 64 columns (128-byte swizzle), 1-256 rows")
+    desc = (ctypes.c_uint64 * 16)()
+    dims = (ctypes.c_uint64 * 2)(t.shape[1], t.shape[0])
+    strides = (ctypes.c_uint64 * 1)(t.stride(0) * 2)
+    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
+    unit = (ctypes.c_uint32 * 2)(1, 1)
+    _check(_driver().cuTensorMapEncodeTiled(desc, _BF16 if t.dtype == torch.bfloat16 else _FP16, 2,
+                                             ctypes.c_void_p(t.data_ptr()), dims, strides, box, unit, 0,
+                                             _SWIZZLE_128B, _L2_PROMOTION_128B, 0), "cuTensorMapEncodeTiled")
+    return desc
+
+
 def _check(err: int, what: str) -> None:
     if err != 0:
         raise RuntimeError(f"{what} failed with CUresult {err}")
