@@ -68,20 +68,11 @@ __device__ __forceinline__ void tma_multicast(u32 dst, const TensorMap* map, int
 __device__ __forceinline__ void arrive_remote(u32 bar, u32 cta) {
     u32 remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(cta));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
-}
-// A stage's empty barrier counts arrivals from every program of the cluster: wait at its scope.
-__device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity) {
-    u32 done;
-    do {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; "
-                     "selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
 }
 #define CLUSTER_ATTR __cluster_dims__(CLUSTER, 1, 1)
 #else
 #define CLUSTER_ATTR
-#define mbar_wait_cluster mbar_wait
 #endif
 __device__ __forceinline__ void mma_bf16(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -136,7 +127,7 @@ walk(const __grid_constant__ TensorMap w_map, const __grid_constant__ TensorMap 
         if (lane == 0) {
             for (int i = 0; i < steps; ++i) {
                 const int s = i % STAGES;
-                if (i >= STAGES) mbar_wait_cluster(empty0 + 8 * s, ((i / STAGES) & 1) ^ 1);
+                if (i >= STAGES) mbar_wait(empty0 + 8 * s, ((i / STAGES) & 1) ^ 1);
                 const u32 bar = full0 + 8 * s, dst = stage0 + s * STAGE;
                 asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                              :: "r"(bar), "r"(STAGE) : "memory");
@@ -153,44 +144,83 @@ walk(const __grid_constant__ TensorMap w_map, const __grid_constant__ TensorMap 
         }
     } else {
 #if MATH
-        // The product: warp v owns x's rows 16v..16v+15 (mma.m16n8k16's A, by ldmatrix.x4) against
-        // all BN weight rows (B: two 8-row tiles a ldmatrix.x4), fp32 accumulators in registers.
-        float acc_f[BN / 8][4];
+        // The product: the warps split x's 64 rows MW ways (mma.m16n8k16's A, 16-row tiles by
+        // ldmatrix.x4) and each stage's eight 16-column steps KW ways, every warp against all BN
+        // weight rows (B: two 8-row tiles a ldmatrix.x4); at most 64 fp32 accumulators a thread,
+        // so MT x NT independent products a step. The KW partial sums meet in shared memory.
+        constexpr int MT = 4 / MW, NT = BN / 8;
+        const int mw = warp % MW, kw = warp / MW;
+        float acc_f[MT][NT][4];
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) acc_f[j][0] = acc_f[j][1] = acc_f[j][2] = acc_f[j][3] = 0.f;
-        const u32 a_row = 16 * warp + (lane & 15), a_chunk = lane >> 4;
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) acc_f[t][j][0] = acc_f[t][j][1] = acc_f[t][j][2] = acc_f[t][j][3] = 0.f;
+        const u32 a_row = 16 * MT * mw + (lane & 15), a_chunk = lane >> 4;
         const u32 b_row = (lane >> 4) * 8 + (lane & 7), b_chunk = (lane >> 3) & 1;
         for (int i = 0; i < steps; ++i) {
             const int s = i % STAGES;
             mbar_wait(full0 + 8 * s, (i / STAGES) & 1);
             const u32 base = stage0 + s * STAGE;
 #pragma unroll
-            for (int kk = 0; kk < 8; ++kk) {  // 16 columns a step: half kk / 4, chunks 2 (kk % 4) + 0..1
+            for (int kk = kw; kk < 8; kk += KW) {  // 16 columns: half kk / 4, chunks 2 (kk % 4) + 0..1
                 const u32 h = kk >> 2, c = 2 * (kk & 3);
-                u32 a0, a1, a2, a3;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
-                             : "r"(swizzled(base + W_STAGE + h * 64 * 128, a_row, c + a_chunk)));
+                u32 a[MT][4], b[NT][2];
 #pragma unroll
-                for (int j = 0; j < BN / 8; j += 2) {
-                    u32 b0, b1, b2, b3;
+                for (int t = 0; t < MT; ++t)
                     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                                 : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                                 : "=r"(a[t][0]), "=r"(a[t][1]), "=r"(a[t][2]), "=r"(a[t][3])
+                                 : "r"(swizzled(base + W_STAGE + h * 64 * 128, a_row + 16 * t, c + a_chunk)));
+#pragma unroll
+                for (int j = 0; j < NT; j += 2)
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                                 : "=r"(b[j][0]), "=r"(b[j][1]), "=r"(b[j + 1][0]), "=r"(b[j + 1][1])
                                  : "r"(swizzled(base + h * BN * 128, 8 * j + b_row, c + b_chunk)));
-                    mma_bf16(acc_f[j], a0, a1, a2, a3, b0, b1);
-                    mma_bf16(acc_f[j + 1], a0, a1, a2, a3, b2, b3);
-                }
+#pragma unroll
+                for (int t = 0; t < MT; ++t)
+#pragma unroll
+                    for (int j = 0; j < NT; ++j)
+                        mma_bf16(acc_f[t][j], a[t][0], a[t][1], a[t][2], a[t][3], b[j][0], b[j][1]);
             }
             __syncwarp();
             free_stage(s);
         }
-        // D's rows are x's (m), its columns the weight rows (n): out[m][n0 + n] in bf16.
-        unsigned short* y = reinterpret_cast<unsigned short*>(out);
-        const int m = 16 * warp + (lane >> 2), n = blockIdx.x * BN + 2 * (lane & 3);
+        // Stage 0's memory is free now (every box this program asked for is in and read): the
+        // k-split warps (kw > 0) leave their sums there, and warp kw 0 adds them in.
+        float* part = reinterpret_cast<float*>(smem + (stage0 - smem_u32(smem)));
+        if (KW > 1) {
+            asm volatile("bar.sync 1, %0;" :: "r"(WARPS * 32) : "memory");  // every warp is past its last stage
+            if (kw > 0) {
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            *reinterpret_cast<u32*>(y + (size_t)m * N + n + 8 * j) = pack_bf16(acc_f[j][0], acc_f[j][1]);
-            *reinterpret_cast<u32*>(y + (size_t)(m + 8) * N + n + 8 * j) = pack_bf16(acc_f[j][2], acc_f[j][3]);
+                for (int t = 0; t < MT; ++t)
+#pragma unroll
+                    for (int j = 0; j < NT; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            part[(((kw - 1) * MW + mw) * MT * NT * 4 + (t * NT + j) * 4 + e) * 32 + lane] = acc_f[t][j][e];
+            }
+            asm volatile("bar.sync 1, %0;" :: "r"(WARPS * 32) : "memory");
+        }
+        if (kw == 0) {
+            for (int q = 1; q < KW; ++q)
+#pragma unroll
+                for (int t = 0; t < MT; ++t)
+#pragma unroll
+                    for (int j = 0; j < NT; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            acc_f[t][j][e] += part[(((q - 1) * MW + mw) * MT * NT * 4 + (t * NT + j) * 4 + e) * 32 + lane];
+            // D's rows are x's (m), its columns the weight rows (n): out[m][n0 + n] in bf16.
+            unsigned short* y = reinterpret_cast<unsigned short*>(out);
+            const int n = blockIdx.x * BN + 2 * (lane & 3);
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+                const int m = 16 * (MT * mw + t) + (lane >> 2);
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    *reinterpret_cast<u32*>(y + (size_t)m * N + n + 8 * j) = pack_bf16(acc_f[t][j][0], acc_f[t][j][1]);
+                    *reinterpret_cast<u32*>(y + (size_t)(m + 8) * N + n + 8 * j) = pack_bf16(acc_f[t][j][2], acc_f[t][j][3]);
+                }
+            }
         }
 #else
         // Each stage read once from shared memory, 16 bytes a thread a load.
@@ -236,7 +266,8 @@ def source(bn: int, stages: int, X: int, CLUSTER: int, MCAST: int, MATH: int = 0
         raise ValueError(f"mcast needs x and a cluster of 2 or 4 programs, not X={X} CLUSTER={CLUSTER}")
     if MATH and (not X or bn % 16):
         raise ValueError(f"the product needs x and weight rows in 16s, not X={X} BN={bn}")
-    defines = dict(BN=bn, STAGES=stages, WARPS=WARPS, X=X, CLUSTER=CLUSTER, MCAST=MCAST, MATH=MATH)
+    mw = min(4, max(1, bn // 32))  # x's rows split so that a thread holds 4 x 32 / BN ... 64 accumulators
+    defines = dict(BN=bn, STAGES=stages, WARPS=WARPS, X=X, CLUSTER=CLUSTER, MCAST=MCAST, MATH=MATH, MW=mw, KW=WARPS // mw)
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + WALK
 
 
