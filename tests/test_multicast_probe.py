@@ -2,6 +2,7 @@
 variant with the copies it names; the timing itself needs a Hopper GPU."""
 
 import pytest
+import torch
 
 from benchmarks import multicast_probe as probe
 
@@ -59,3 +60,14 @@ def test_every_variant_assembles_for_sm90a_without_spills(compile_ptx, tmp_path)
                 pytest.skip(f"this ptxas is older than NVRTC's PTX: {done.stderr.strip().splitlines()[0]}")
             assert done.returncode == 0, done.stderr
             assert "0 bytes spill stores" in done.stderr, (name, bn, done.stderr)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="the walk's TMA boxes and clusters need a Hopper GPU")
+@pytest.mark.parametrize("product", ["o", "qkv", "gate/up"])
+def test_the_products_match_torch_with_x_per_program_and_multicast(product):
+    operands = probe._operands(product)
+    for variant in ("x, mma", "mcast 2, mma"):
+        us, err = probe.walk_us(product, variant, 2, operands)
+        assert us > 0 and err < 1e-2, (variant, err)
