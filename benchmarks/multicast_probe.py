@@ -94,18 +94,32 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__((WARPS + 1) * 32)
 walk(const __grid_constant__ TensorMap w_map, const __grid_constant__ TensorMap x_map, void* __restrict__ out,
      int N, int K)
 {
-    extern __shared__ unsigned char smem[];  // STAGES stages, 1024-aligned, then the barriers
+    // STAGES stages, 1024-aligned, the barriers, and with DSUM the K half's partial sums received
+    // from the other program of the cluster ([64, BN] fp32) and their barrier.
+    extern __shared__ unsigned char smem[];
     const u32 stage0 = (smem_u32(smem) + 1023) & ~1023u;
     const u32 full0 = stage0 + STAGES * STAGE, empty0 = full0 + 8 * STAGES;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, steps = K / 128;
+    const u32 recv0 = empty0 + 8 * STAGES, recv_bar = recv0 + 64 * BN * 4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, steps = K / 128 / KSPLIT;
 #if CLUSTER > 1
     u32 rank;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    const int part = KSPLIT > 1 ? rank : 0;
+#else
+    const int part = KSPLIT > 1 ? blockIdx.x % KSPLIT : 0;
 #endif
+    // K split: the programs of a split (a cluster with DSUM) walk one band of BN rows, each its
+    // own K / KSPLIT columns.
+    const int row0 = (blockIdx.x / KSPLIT) * BN, k0 = part * (K / KSPLIT);
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(full0 + 8 * s));
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(empty0 + 8 * s), "r"(WARPS * CLUSTER));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(empty0 + 8 * s), "r"(WARPS * (MCAST ? CLUSTER : 1)));
+        }
+        if (DSUM) {  // the receive barrier: its phase waits for the other program's half of the partials
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(recv_bar));
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(recv_bar), "r"(64 * BN * 2)
+                         : "memory");
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -113,10 +127,10 @@ walk(const __grid_constant__ TensorMap w_map, const __grid_constant__ TensorMap 
 #if CLUSTER > 1
     cluster_sync();  // every program's barriers are set before any copy or arrive reaches them
 #endif
-    // A consumer warp done with stage s frees it in every program of the cluster (their producers
-    // multicast x into it).
+    // A consumer warp done with stage s frees it, with multicast in every program of the cluster
+    // (their producers write x into it).
     auto free_stage = [&](int s) {
-#if CLUSTER > 1
+#if CLUSTER > 1 && MCAST
         if (lane < CLUSTER) arrive_remote(empty0 + 8 * s, lane);
 #else
         if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(empty0 + 8 * s) : "memory");
@@ -132,12 +146,12 @@ walk(const __grid_constant__ TensorMap w_map, const __grid_constant__ TensorMap 
                 asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                              :: "r"(bar), "r"(STAGE) : "memory");
                 for (int h = 0; h < 2; ++h) {
-                    tma_load(dst + h * BN * 128, &w_map, 128 * i + 64 * h, blockIdx.x * BN, bar);
+                    tma_load(dst + h * BN * 128, &w_map, k0 + 128 * i + 64 * h, row0, bar);
 #if X && MCAST
-                    tma_multicast(dst + W_STAGE + h * 64 * 128 + rank * (64 / CLUSTER) * 128, &x_map, 128 * i + 64 * h,
+                    tma_multicast(dst + W_STAGE + h * 64 * 128 + rank * (64 / CLUSTER) * 128, &x_map, k0 + 128 * i + 64 * h,
                                   rank * (64 / CLUSTER), bar, (unsigned short)((1u << CLUSTER) - 1));
 #elif X
-                    tma_load(dst + W_STAGE + h * 64 * 128, &x_map, 128 * i + 64 * h, 0, bar);
+                    tma_load(dst + W_STAGE + h * 64 * 128, &x_map, k0 + 128 * i + 64 * h, 0, bar);
 #endif
                 }
             }
@@ -236,6 +250,28 @@ walk(const __grid_constant__ TensorMap w_map, const __grid_constant__ TensorMap 
             __syncwarp();
             free_stage(s);
         }
+#if DSUM
+        // The K split's sum through distributed shared memory, each program summing half the
+        // [64, BN] fp32 tile: it stores the half it does not sum into the other's receive buffer
+        // with st.async, each store counted as bytes on the other's receive barrier (no fence at
+        // cluster scope), then waits for the other's half and adds it in. (Call c8: one program
+        // sending the whole tile, with release arrives, cost ~1 us over the split's walk; c9 the
+        // same by st.async ~1.0.)
+        {
+            u32 remote, remote_bar;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(recv0), "r"(1 - part));
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(recv_bar), "r"(1 - part));
+            for (u32 o = threadIdx.x * 16; o < 64 * BN * 2; o += WARPS * 32 * 16)
+                asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1,%1,%1,%1}, [%2];"
+                             :: "r"(remote + o), "r"(acc), "r"(remote_bar) : "memory");
+            mbar_wait(recv_bar, 0);
+            for (u32 o = threadIdx.x * 16; o < 64 * BN * 2; o += WARPS * 32 * 16) {
+                u32 a, b, c, d;
+                asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(recv0 + o));
+                acc ^= a ^ b ^ c ^ d;
+            }
+        }
+#endif
 #endif
     }
     if (!MATH && acc == 0x9e3779b9u) reinterpret_cast<u32*>(out)[blockIdx.x] = acc;  // keeps the loads
@@ -255,19 +291,28 @@ RING = {"o": dict(SUB=16, BLOCK_K=128, STAGES=6, WAVES=1), "qkv": dict(BLOCK_N=6
 VARIANTS = {"weights": dict(X=0, CLUSTER=1, MCAST=0), "x": dict(X=1, CLUSTER=1, MCAST=0),
             "cluster 2": dict(X=1, CLUSTER=2, MCAST=0), "mcast 2": dict(X=1, CLUSTER=2, MCAST=1),
             "mcast 4": dict(X=1, CLUSTER=4, MCAST=1),
+            # K split in two: each program twice the rows over half of K (SPLIT_ROWS), so half the x;
+            # the halves' sums left unsummed, or summed through the cluster's shared memory
+            "split 2": dict(X=1, CLUSTER=1, MCAST=0, KSPLIT=2), "split 2, DSMEM sum": dict(X=1, CLUSTER=2, MCAST=0, KSPLIT=2, DSUM=1),
             # the same reads with the product (mma.sync from shared memory, bf16 out)
             "x, mma": dict(X=1, CLUSTER=1, MCAST=0, MATH=1), "mcast 2, mma": dict(X=1, CLUSTER=2, MCAST=1, MATH=1)}
+SPLIT_ROWS = {"o": 64, "qkv": 96, "down": 64}  # a split band's rows: two programs a band, 128 in all
 BK, WARPS = 128, 4  # K columns a stage (two 64-column boxes), consumer warps
 
 
-def source(bn: int, stages: int, X: int, CLUSTER: int, MCAST: int, MATH: int = 0) -> str:
+def source(bn: int, stages: int, X: int, CLUSTER: int, MCAST: int, MATH: int = 0, KSPLIT: int = 1,
+           DSUM: int = 0) -> str:
     """WALK specialised: the macros first, as cuda_gemv.py does."""
+    if DSUM and (KSPLIT != 2 or CLUSTER != 2 or MATH):
+        raise ValueError(f"the DSMEM sum is the walk's, of a K split in two over a cluster of 2, not KSPLIT={KSPLIT} "
+                         f"CLUSTER={CLUSTER} MATH={MATH}")
     if MCAST and (not X or CLUSTER < 2 or 64 % CLUSTER):
         raise ValueError(f"mcast needs x and a cluster of 2 or 4 programs, not X={X} CLUSTER={CLUSTER}")
     if MATH and (not X or bn % 16):
         raise ValueError(f"the product needs x and weight rows in 16s, not X={X} BN={bn}")
     mw = min(4, max(1, bn // 32))  # x's rows split so that a thread holds 4 x 32 / BN ... 64 accumulators
-    defines = dict(BN=bn, STAGES=stages, WARPS=WARPS, X=X, CLUSTER=CLUSTER, MCAST=MCAST, MATH=MATH, MW=mw, KW=WARPS // mw)
+    defines = dict(BN=bn, STAGES=stages, WARPS=WARPS, X=X, CLUSTER=CLUSTER, MCAST=MCAST, MATH=MATH, MW=mw,
+                   KW=WARPS // mw, KSPLIT=KSPLIT, DSUM=DSUM)
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + WALK
 
 
@@ -290,9 +335,15 @@ def walk_us(product: str, variant: str, reps: int, operands) -> tuple[float, flo
 
     n, k, bn, stages = PRODUCTS[product]
     v = VARIANTS[variant]
-    while stages > 2 and stages * stage_bytes(bn, v["X"]) > 220 * 1024:
+    split = v.get("KSPLIT", 1)
+    if split > 1:
+        if product not in SPLIT_ROWS:
+            return float("nan"), None
+        bn = SPLIT_ROWS[product]
+    recv = 64 * bn * 4 + 16 if v.get("DSUM") else 0
+    while stages > 2 and stages * stage_bytes(bn, v["X"]) + recv > 210 * 1024:
         stages -= 1
-    shared = stages * stage_bytes(bn, v["X"]) + 1024 + 16 * stages  # 1024-byte alignment, the barriers
+    shared = stages * stage_bytes(bn, v["X"]) + 1024 + 16 * stages + recv  # 1024-byte alignment, the barriers
     ptx = cuda_runtime.compile_ptx(source(bn, stages, **v), "compute_90a")  # multicast wants sm_90a
     fn = cuda_runtime.load_ptx_function(ptx, "walk", torch.cuda.current_device(), shared)
     ws, x = operands
@@ -302,7 +353,7 @@ def walk_us(product: str, variant: str, reps: int, operands) -> tuple[float, flo
 
     def run(i: int) -> None:
         args = [w_maps[i], x_map, ctypes.c_void_p(out.data_ptr()), ctypes.c_int(n), ctypes.c_int(k)]
-        cuda_runtime.launch(fn, n // bn, (WARPS + 1) * 32, shared, torch.cuda.current_stream().cuda_stream, args,
+        cuda_runtime.launch(fn, n // bn * split, (WARPS + 1) * 32, shared, torch.cuda.current_stream().cuda_stream, args,
                             pdl=False)
 
     us = _time_graph_us(run, len(ws), reps)
