@@ -17,6 +17,9 @@ consumer warps reading each stage once and freeing it; a stage is 128 columns of
 * mcast C: programs in clusters of C; each issues 64 / C of x's rows to all C programs at once,
   and a stage is refilled only once every program of the cluster has freed it;
 * cluster C: clusters of C, each program still reading all of x (the cost of clustering alone);
+* split 2: K split in two, each program twice the rows (SPLIT_ROWS) over half of K, so half of x;
+  with "DSMEM sum" the pair is a cluster whose partial [64, rows] fp32 tiles are summed through
+  distributed shared memory (each program sums half, `st.async` into the other's buffer);
 * ..., mma: the same reads with the product (mma.sync from shared memory by ldmatrix, bf16 out,
   checked against torch's), so the walk's rate can be set beside a real GEMM's, and the table's
   own Gluon ring GEMM for the product, alone.

@@ -25,7 +25,9 @@ def test_each_variant_compiles_with_the_copies_it_names(compile_ptx):
     # Clustered programs: the cluster's shape in the kernel, a barrier across it, remote arrives.
     assert ".reqnctapercluster 2" in ptx["cluster 2"] and ".reqnctapercluster 4" in ptx["mcast 4"]
     assert "barrier.cluster" in ptx["mcast 2"] and "mapa.shared::cluster" in ptx["mcast 2"]
-    assert "barrier.cluster" not in ptx["x"]
+    assert "barrier.cluster" not in ptx["x"] and "barrier.cluster" not in ptx["split 2"]
+    # The split's sum in the cluster: async stores into the other program's shared memory.
+    assert "st.async.shared::cluster" in ptx["split 2, DSMEM sum"] and "st.async" not in ptx["split 2"]
     # Only the variants with x copy more than the weights' rows.
     assert ptx["weights"].count("cp.async.bulk") < ptx["x"].count("cp.async.bulk")
 
@@ -35,6 +37,8 @@ def test_a_multicast_needs_x_and_a_cluster_that_divides_its_rows():
         probe.source(32, 6, X=1, CLUSTER=1, MCAST=1)
     with pytest.raises(ValueError, match="mcast needs x"):
         probe.source(32, 6, X=0, CLUSTER=2, MCAST=1)
+    with pytest.raises(ValueError, match="DSMEM sum"):
+        probe.source(64, 6, X=1, CLUSTER=1, MCAST=0, KSPLIT=2, DSUM=1)
 
 
 def test_stages_fit_the_shared_memory_the_walk_asks_for():
