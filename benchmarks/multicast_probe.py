@@ -89,6 +89,15 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
 // The 16-byte chunk c of row r in a 128-byte-swizzled box (rows of 128 bytes, 1024-byte aligned).
 __device__ __forceinline__ u32 swizzled(u32 box, u32 r, u32 c) { return box + r * 128 + ((c ^ (r & 7)) << 4); }
 
+#if MATH == 2
+// A shared-memory matrix descriptor for wgmma: a K-major tile of 128-byte rows in 128-byte
+// swizzle, 1024-byte aligned atoms of 8 rows (the stride), start address moved 32 bytes a 16-column step.
+__device__ __forceinline__ u64 sw128_desc(u32 addr) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+WGMMA_STEP
+#endif
+
 // A stage: the weights' two 64-column halves ([BN, 64] each), then x's ([64, 64] each).
 #define W_STAGE (2 * BN * 128)
 #define STAGE (W_STAGE + (X ? 2 * 64 * 128 : 0))
@@ -160,7 +169,43 @@ walk(const __grid_constant__ TensorMap w_map, const __grid_constant__ TensorMap 
             }
         }
     } else {
-#if MATH
+#if MATH == 2
+        // The product by wgmma: the four consumer warps are one warpgroup, x's 64 rows wgmma's M,
+        // the BN weight rows its N, both operands read from the stage through 128-byte-swizzled
+        // descriptors (K-major); a stage's eight 16-column products in one commit group, kept in
+        // flight while the next stage's are issued, the stage freed once its group is done.
+        float d[BN / 2];
+#pragma unroll
+        for (int e = 0; e < BN / 2; ++e) d[e] = 0.f;
+        for (int i = 0; i < steps; ++i) {
+            const int s = i % STAGES;
+            mbar_wait(full0 + 8 * s, (i / STAGES) & 1);
+            const u32 base = stage0 + s * STAGE;
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+            for (int kk = 0; kk < 8; ++kk) {
+                const u32 h = kk >> 2, off = 32 * (kk & 3);
+                wgmma_step(d, sw128_desc(base + W_STAGE + h * 64 * 128 + off), sw128_desc(base + h * BN * 128 + off));
+            }
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+            if (i > 0) {
+                asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+                free_stage((i - 1) % STAGES);
+            }
+            wgmma_hold(d);
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        wgmma_hold(d);
+        free_stage((steps - 1) % STAGES);
+        // d[4j + e]: row 16 warp + lane / 4 (+ 8 for e >= 2), column 8 j + 2 (lane % 4) + e % 2.
+        unsigned short* y = reinterpret_cast<unsigned short*>(out);
+        const int m = 16 * warp + (lane >> 2), n = row0 + 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            *reinterpret_cast<u32*>(y + (size_t)m * N + n + 8 * j) = pack_bf16(d[4 * j], d[4 * j + 1]);
+            *reinterpret_cast<u32*>(y + (size_t)(m + 8) * N + n + 8 * j) = pack_bf16(d[4 * j + 2], d[4 * j + 3]);
+        }
+#elif MATH
         // The product: the warps split x's 64 rows MW ways (mma.m16n8k16's A, 16-row tiles by
         // ldmatrix.x4) and each stage's eight 16-column steps KW ways, every warp against all BN
         // weight rows (B: two 8-row tiles a ldmatrix.x4); at most 64 fp32 accumulators a thread,
@@ -298,7 +343,10 @@ VARIANTS = {"weights": dict(X=0, CLUSTER=1, MCAST=0), "x": dict(X=1, CLUSTER=1, 
             # the halves' sums left unsummed, or summed through the cluster's shared memory
             "split 2": dict(X=1, CLUSTER=1, MCAST=0, KSPLIT=2), "split 2, DSMEM sum": dict(X=1, CLUSTER=2, MCAST=0, KSPLIT=2, DSUM=1),
             # the same reads with the product (mma.sync from shared memory, bf16 out)
-            "x, mma": dict(X=1, CLUSTER=1, MCAST=0, MATH=1), "mcast 2, mma": dict(X=1, CLUSTER=2, MCAST=1, MATH=1)}
+            "x, mma": dict(X=1, CLUSTER=1, MCAST=0, MATH=1),
+            # ... and by wgmma (MATH 2), x per program or multicast
+            "x, wgmma": dict(X=1, CLUSTER=1, MCAST=0, MATH=2), "mcast 2, wgmma": dict(X=1, CLUSTER=2, MCAST=1, MATH=2),
+            "mcast 4, wgmma": dict(X=1, CLUSTER=4, MCAST=1, MATH=2)}
 SPLIT_ROWS = {"o": 64, "qkv": 96, "down": 64}  # a split band's rows: two programs a band, 128 in all
 BK, WARPS = 128, 4  # K columns a stage (two 64-column boxes), consumer warps
 
@@ -314,9 +362,24 @@ def source(bn: int, stages: int, X: int, CLUSTER: int, MCAST: int, MATH: int = 0
     if MATH and (not X or bn % 16):
         raise ValueError(f"the product needs x and weight rows in 16s, not X={X} BN={bn}")
     mw = min(4, max(1, bn // 32))  # x's rows split so that a thread holds 4 x 32 / BN ... 64 accumulators
+    src = WALK.replace("WGMMA_STEP", _wgmma_step(bn) if MATH == 2 else "")
     defines = dict(BN=bn, STAGES=stages, WARPS=WARPS, X=X, CLUSTER=CLUSTER, MCAST=MCAST, MATH=MATH, MW=mw,
                    KW=WARPS // mw, KSPLIT=KSPLIT, DSUM=DSUM)
-    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + WALK
+    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + src
+
+
+def _wgmma_step(bn: int) -> str:
+    """wgmma_step (one m64n{bn}k16 product into bn / 2 fp32 accumulators a thread, both operands
+    from shared memory) and wgmma_hold (the accumulators pinned across the asynchronous
+    products): their asm needs every register named, so it is written out here."""
+    regs = bn // 2
+    outs = ", ".join(f"%{i}" for i in range(regs))
+    binds = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    return (f"__device__ __forceinline__ void wgmma_step(float* d, u64 a, u64 b) {{\n"
+            f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.bf16.bf16 {{{outs}}}, %{regs}, %{regs + 1}, 1, 1, 1, 0, 0;"\n'
+            f'                 : {binds} : "l"(a), "l"(b) : "memory");\n}}\n'
+            f"__device__ __forceinline__ void wgmma_hold(float* d) {{\n"
+            f'    asm volatile("" : {binds} :: "memory");\n}}\n')
 
 
 def stage_bytes(bn: int, X: int) -> int:
