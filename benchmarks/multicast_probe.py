@@ -198,10 +198,48 @@ walk(const __grid_constant__ TensorMap w_map, const __grid_constant__ TensorMap 
         wgmma_hold(d);
         free_stage((steps - 1) % STAGES);
         // d[4j + e]: row 16 warp + lane / 4 (+ 8 for e >= 2), column 8 j + 2 (lane % 4) + e % 2.
+#if DSUM
+        // The K split's sum in the cluster: the pair's threads hold the same fragments, so each
+        // thread stores the 8-column tiles the other program sums (st.async into its slot of the
+        // other's buffer, counted on its barrier), waits for its own and adds them in; program p
+        // writes tiles [p HALF, (p + 1) HALF).
+        constexpr int HALF = BN / 16;
+        const int j_lo = part * HALF, j_hi = j_lo + HALF;
+        {
+            u32 remote, remote_bar;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(recv0 + threadIdx.x * BN), "r"(1 - part));
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(recv_bar), "r"(1 - part));
+#pragma unroll
+            for (int q = 0; q < HALF; ++q) {
+                float v[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) v[e] = part ? d[4 * q + e] : d[4 * (HALF + q) + e];
+                asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1,%2,%3,%4}, [%5];"
+                             :: "r"(remote + 16 * q), "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[1])),
+                                "r"(__float_as_uint(v[2])), "r"(__float_as_uint(v[3])), "r"(remote_bar) : "memory");
+            }
+            mbar_wait(recv_bar, 0);
+#pragma unroll
+            for (int q = 0; q < HALF; ++q) {
+                u32 a, b, c, e4;
+                asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(e4)
+                             : "r"(recv0 + threadIdx.x * BN + 16 * q));
+                const float r[4] = {__uint_as_float(a), __uint_as_float(b), __uint_as_float(c), __uint_as_float(e4)};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (part) d[4 * (HALF + q) + e] += r[e];
+                    else d[4 * q + e] += r[e];
+                }
+            }
+        }
+#else
+        const int j_lo = 0, j_hi = BN / 8;
+#endif
         unsigned short* y = reinterpret_cast<unsigned short*>(out);
         const int m = 16 * warp + (lane >> 2), n = row0 + 2 * (lane & 3);
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
+            if (j < j_lo || j >= j_hi) continue;
             *reinterpret_cast<u32*>(y + (size_t)m * N + n + 8 * j) = pack_bf16(d[4 * j], d[4 * j + 1]);
             *reinterpret_cast<u32*>(y + (size_t)(m + 8) * N + n + 8 * j) = pack_bf16(d[4 * j + 2], d[4 * j + 3]);
         }
@@ -346,7 +384,8 @@ VARIANTS = {"weights": dict(X=0, CLUSTER=1, MCAST=0), "x": dict(X=1, CLUSTER=1, 
             "x, mma": dict(X=1, CLUSTER=1, MCAST=0, MATH=1),
             # ... and by wgmma (MATH 2), x per program or multicast
             "x, wgmma": dict(X=1, CLUSTER=1, MCAST=0, MATH=2), "mcast 2, wgmma": dict(X=1, CLUSTER=2, MCAST=1, MATH=2),
-            "mcast 4, wgmma": dict(X=1, CLUSTER=4, MCAST=1, MATH=2)}
+            "mcast 4, wgmma": dict(X=1, CLUSTER=4, MCAST=1, MATH=2),
+            "split 2, DSMEM sum, wgmma": dict(X=1, CLUSTER=2, MCAST=0, KSPLIT=2, DSUM=1, MATH=2)}
 SPLIT_ROWS = {"o": 64, "qkv": 96, "down": 64}  # a split band's rows: two programs a band, 128 in all
 BK, WARPS = 128, 4  # K columns a stage (two 64-column boxes), consumer warps
 
@@ -354,9 +393,9 @@ BK, WARPS = 128, 4  # K columns a stage (two 64-column boxes), consumer warps
 def source(bn: int, stages: int, X: int, CLUSTER: int, MCAST: int, MATH: int = 0, KSPLIT: int = 1,
            DSUM: int = 0) -> str:
     """WALK specialised: the macros first, as cuda_gemv.py does."""
-    if DSUM and (KSPLIT != 2 or CLUSTER != 2 or MATH):
-        raise ValueError(f"the DSMEM sum is the walk's, of a K split in two over a cluster of 2, not KSPLIT={KSPLIT} "
-                         f"CLUSTER={CLUSTER} MATH={MATH}")
+    if DSUM and (KSPLIT != 2 or CLUSTER != 2 or MATH == 1 or bn % 16):
+        raise ValueError(f"the DSMEM sum is of a K split in two over a cluster of 2, the walk's or the wgmma product's, "
+                         f"rows in 16s, not KSPLIT={KSPLIT} CLUSTER={CLUSTER} MATH={MATH} BN={bn}")
     if MCAST and (not X or CLUSTER < 2 or 64 % CLUSTER):
         raise ValueError(f"mcast needs x and a cluster of 2 or 4 programs, not X={X} CLUSTER={CLUSTER}")
     if MATH and (not X or bn % 16):

@@ -72,6 +72,6 @@ def test_every_variant_assembles_for_sm90a_without_spills(compile_ptx, tmp_path)
 @pytest.mark.parametrize("product", ["o", "qkv", "gate/up"])
 def test_the_products_match_torch_with_x_per_program_and_multicast(product):
     operands = probe._operands(product)
-    for variant in ("x, mma", "mcast 2, mma", "x, wgmma", "mcast 2, wgmma", "mcast 4, wgmma"):
+    for variant in ("x, mma", "mcast 2, mma", "x, wgmma", "mcast 2, wgmma", "mcast 4, wgmma", "split 2, DSMEM sum, wgmma"):
         us, err = probe.walk_us(product, variant, 2, operands)
         assert us > 0 and err < 1e-2, (variant, err)
