@@ -4,7 +4,7 @@
 
 At 64 rows every program of a decode product reads all of x (64 x K, from L2) beside its own
 weight rows: o's 32-row tiles take 2 bytes of x a weight byte, qkv's and down's 64-row tiles 1,
-gate/up's 128 rows 0.5, and o's loop streams ~9.4 TB/s through L2 (docs/benchmarks.md, session b).
+gate/up's 128 rows 0.5, and o's loop streams ~9.4 TB/s through L2 (docs/benchmarks-history.md, 2026-12-02 b).
 Hopper can deliver one L2 read into the shared memory of every program of a cluster
 (`cp.async.bulk ... .multicast::cluster`), which Gluon 3.6 does not expose; before a GEMM is built
 on it, this kernel measures what it could buy. A CUDA C kernel (WALK below) reads what a product's
