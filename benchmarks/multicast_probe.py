@@ -1,4 +1,4 @@
-"""Would x multicast across a cluster pay? The products' reads at batch 64, walked with no math.
+"""Would x multicast, or a K split inside a cluster, pay? The batch-64 products' reads, walked.
 
     python -m benchmarks.multicast_probe [--products o,qkv,down,gate/up] [--reps 24]
 
@@ -20,9 +20,10 @@ consumer warps reading each stage once and freeing it; a stage is 128 columns of
 * split 2: K split in two, each program twice the rows (SPLIT_ROWS) over half of K, so half of x;
   with "DSMEM sum" the pair is a cluster whose partial [64, rows] fp32 tiles are summed through
   distributed shared memory (each program sums half, `st.async` into the other's buffer);
-* ..., mma: the same reads with the product (mma.sync from shared memory by ldmatrix, bf16 out,
-  checked against torch's), so the walk's rate can be set beside a real GEMM's, and the table's
-  own Gluon ring GEMM for the product, alone.
+* ..., mma / wgmma: the same reads with the product (mma.sync by ldmatrix, or wgmma through
+  swizzled descriptors; bf16 out, checked against torch's), so the walk's rate can be set beside
+  a real GEMM's; and the table's own Gluon ring GEMM for the product, alone (TABLE's batch-64
+  entry; gate/up's entry is the split-K kernel, so its ring is RING_GATE_UP).
 
 Each variant is timed in one CUDA graph of back-to-back launches, weight copies cycled out of
 L2, x resident in it (as it is in the step, written by the kernel ahead). GPU only; the source
@@ -372,8 +373,8 @@ walk(const __grid_constant__ TensorMap w_map, const __grid_constant__ TensorMap 
 # the split-K kernel, so its ring here is the ring's SwiGLU tile, one wave and a bit)
 PRODUCTS = {"o": (4096, 4096, 32, 8), "qkv": (6144, 4096, 64, 6), "down": (4096, 14336, 32, 8),
             "gate/up": (28672, 4096, 128, 4)}
-RING = {"o": dict(SUB=16, BLOCK_K=128, STAGES=6, WAVES=1), "qkv": dict(BLOCK_N=64, BLOCK_K=128, STAGES=4),
-        "down": dict(BLOCK_N=64, BLOCK_K=128, STAGES=6, SPLIT_K=2), "gate/up": dict(BLOCK_N=128, BLOCK_K=128, STAGES=3)}
+TABLE = "benchmarks/results/gemm-h200-decode.json"  # the H200 tune-gemm table: the ring's tiles at 64 rows
+RING_GATE_UP = dict(BLOCK_N=128, BLOCK_K=128, STAGES=3)  # the ring's SwiGLU tile (the table runs split-K there)
 VARIANTS = {"weights": dict(X=0, CLUSTER=1, MCAST=0), "x": dict(X=1, CLUSTER=1, MCAST=0),
             "cluster 2": dict(X=1, CLUSTER=2, MCAST=0), "mcast 2": dict(X=1, CLUSTER=2, MCAST=1),
             "mcast 4": dict(X=1, CLUSTER=4, MCAST=1),
@@ -427,8 +428,9 @@ def stage_bytes(bn: int, X: int) -> int:
 
 
 def _operands(product: str):
+    from benchmarks.read_floor import _copies
     n, k = PRODUCTS[product][:2]
-    copies = max(2, -(-512 * 2**20 // (n * k * 2)))
+    copies = _copies(n * k * 2)
     ws = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / 64 for _ in range(copies)]
     return ws, torch.randn(64, k, dtype=torch.bfloat16, device="cuda")
 
@@ -469,13 +471,25 @@ def walk_us(product: str, variant: str, reps: int, operands) -> tuple[float, flo
     return us, ((out.float() - ref).abs().max() / ref.abs().max()).item()
 
 
+def ring_config(product: str) -> dict:
+    """The ring tile the step runs for the product at 64 rows: TABLE's entry (RING_GATE_UP for gate/up)."""
+    if product == "gate/up":
+        return RING_GATE_UP
+    n, k = PRODUCTS[product][:2]
+    with open(TABLE) as f:
+        entry = json.load(f)["entries"][f"{n}x{k}:bfloat16:bfloat16"]["64"]
+    if entry["impl"] != "ring":
+        raise ValueError(f"{TABLE}: {product} at 64 rows runs {entry['impl']}, not the ring; set its tile here")
+    return entry["config"]
+
+
 def ring_us(product: str, reps: int, operands) -> float:
     """The table's Gluon ring GEMM for the product, alone, the same copies cycled."""
     from shardline.gemm_tuning import _time_graph_us
     from shardline.kernels import quant
     ws, x = operands
-    glu = product == "gate/up"
-    return _time_graph_us(lambda i: quant.ring_linear(x, ws[i], config=RING[product], glu=glu), len(ws), reps)
+    cfg, glu = ring_config(product), product == "gate/up"
+    return _time_graph_us(lambda i: quant.ring_linear(x, ws[i], config=cfg, glu=glu), len(ws), reps)
 
 
 def main() -> None:
@@ -488,11 +502,17 @@ def main() -> None:
     unknown = [p for p in products if p not in PRODUCTS]
     if unknown:
         ap.error(f"--products {','.join(unknown)}: not a product; choose from {', '.join(PRODUCTS)}")
+    if args.reps < 1:
+        ap.error(f"--reps {args.reps}: launches a graph, at least 1")
     if not torch.cuda.is_available():
         sys.exit("multicast_probe needs a GPU (Hopper): none is visible")
+    if torch.cuda.get_device_capability() < (9, 0):
+        sys.exit(f"multicast_probe needs a Hopper GPU (TMA boxes, clusters, wgmma): {torch.cuda.get_device_name()} "
+                 f"is sm_{''.join(map(str, torch.cuda.get_device_capability()))}")
     print(f"{torch.cuda.get_device_name()}  {datetime.date.today()}\n$ {' '.join(sys.argv)}")
     names = list(VARIANTS) + ["ring (table)"]
-    print("us a launch (weight GB/s)\n" + "product".ljust(10) + "".join(f"{v:>17}" for v in names))
+    widths = [max(17, len(v) + 2) for v in names]
+    print("us a launch (weight GB/s)\n" + "product".ljust(10) + "".join(f"{v:>{w}}" for v, w in zip(names, widths)))
     rows, errors = {}, {}
     for product in products:
         n, k = PRODUCTS[product][:2]
@@ -501,8 +521,8 @@ def main() -> None:
         rows[product] = {v: us for v, (us, _) in timed.items()} | {"ring (table)": ring_us(product, args.reps, operands)}
         errors[product] = {v: err for v, (_, err) in timed.items() if err is not None}
         del operands
-        print(f"{product:<10}" + "".join(f"{us:>9.2f} ({n * k * 2 / us / 1e3:>5.0f})" for us in rows[product].values()),
-              flush=True)
+        cells = [f"{us:.2f} ({n * k * 2 / us / 1e3:>5.0f})" for us in rows[product].values()]
+        print(f"{product:<10}" + "".join(f"{c:>{w}}" for c, w in zip(cells, widths)), flush=True)
     print("the products' largest error over the output's largest (bf16 out):",
           json.dumps({p: {v: round(e, 5) for v, e in errs.items()} for p, errs in errors.items()}))
     if args.out:

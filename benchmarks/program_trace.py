@@ -24,7 +24,7 @@ middle layers), in us:
 * program: its median program's time from start to exit, and last: the same for the program
   that exited last (a partial last wave shows as a tail of one program's time);
 * early: the share of its programs that started 1 us or more before that exit (resident beside
-  the kernel ahead, PDL's lead put to work; o's were 4 of 132 beside attention in session b);
+  the kernel ahead, PDL's lead put to work; o's were 13% beside attention, call c0 of 2026-12-02);
 * TB/s: a product's weight bytes over its first wait to its last exit, and a program: its bytes
   a program over the median program's wait to exit (GB/s);
 * SMs: the multiprocessors its programs ran on.

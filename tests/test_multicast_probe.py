@@ -41,6 +41,13 @@ def test_a_multicast_needs_x_and_a_cluster_that_divides_its_rows():
         probe.source(64, 6, X=1, CLUSTER=1, MCAST=0, KSPLIT=2, DSUM=1)
 
 
+def test_the_ring_beside_the_walks_is_the_tables_tile():
+    # o, qkv and down run the ring at 64 rows in the H200 table; gate/up's entry is split-K
+    assert probe.ring_config("o") == {"SUB": 16, "BLOCK_K": 128, "STAGES": 6, "WAVES": 1}
+    assert probe.ring_config("down")["SPLIT_K"] == 2
+    assert probe.ring_config("gate/up") is probe.RING_GATE_UP
+
+
 def test_stages_fit_the_shared_memory_the_walk_asks_for():
     for n, k, bn, stages in probe.PRODUCTS.values():
         assert n % (bn * 4) == 0 and k % probe.BK == 0  # whole clusters of 4, whole stages
@@ -53,10 +60,10 @@ def test_every_variant_assembles_for_sm90a_without_spills(compile_ptx, tmp_path)
     ptxas = shutil.which("ptxas")
     if ptxas is None:
         pytest.skip("no ptxas on this machine (the CUDA toolkit's)")
+    from shardline.kernels import cuda_runtime
     for name, v in probe.VARIANTS.items():
         for bn in (32, 64, 128):
             src = tmp_path / "walk.ptx"
-            from shardline.kernels import cuda_runtime
             src.write_text(cuda_runtime.compile_ptx(probe.source(bn, 4, **v), "compute_90a"))
             done = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(src), "-o", str(tmp_path / "walk.cubin")],
                                   capture_output=True, text=True)
