@@ -132,20 +132,25 @@ def loaded_graph(engine, batch: int, context: int = 192, capture: bool = False,
     attends over `context` tokens in blocks of its own and writes nothing (slot -1); None when not
     captured yet (with `capture`, it is captured now). `needs_logits`: the step says a row reads
     its logits, as a step with a row drawn at a temperature does (else the head may skip them)."""
-    from shardline.stage_worker.staging import HostStep
-
     graphs = engine.graphs
     key_ = graphs.buckets(batch, context) if graphs else None
     if key_ is None or (key_ not in graphs.graphs and not capture):
         return None
     graph, _ = graphs.captured(key_)
+    graphs.load(*key_, loaded_step(engine, batch, context, needs_logits))
+    return graph
+
+
+def loaded_step(engine, batch: int, context: int = 192, needs_logits: bool = False):
+    """The step `loaded_graph` loads: `batch` rows, each attending over `context` tokens in blocks
+    of its own, writing nothing (slot -1)."""
+    from shardline.stage_worker.staging import HostStep
+
     per_row = -(-context // engine.block_manager.block_size)
     num_blocks = engine.block_manager.num_blocks
-    step = HostStep(positions=[context - 1] * batch, slots=[-1] * batch, seq_lens=[context] * batch,
+    return HostStep(positions=[context - 1] * batch, slots=[-1] * batch, seq_lens=[context] * batch,
                     tables=[[(r * per_row + j) % num_blocks for j in range(per_row)] for r in range(batch)],
                     needs_logits=needs_logits)
-    graphs.load(*key_, step)
-    return graph
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph, replays: int = 20) -> float:

@@ -208,6 +208,8 @@ A_B_BAD_ARGUMENTS = {
     "logits_store_ab": ((["--batch", "1"], "--batch 1"), (["--rounds", "0"], "--rounds 0"), ([], "CUDA GPU")),
     "kv_dtype_ab": ((["--cases", "64x4000"], "must fit 4,096 positions"), (["--cases", "64"], "BATCHxPROMPT"),
                     (["--rounds", "0"], "--rounds 0"), ([], "CUDA GPU")),
+    "graph_boundary": ((["--steps", "1"], "each >= 2"), (["--steps", "a"], "--steps 'a'"), (["--rounds", "0"], "--rounds 0"),
+                       (["--context", "0"], "--context 0"), ([], "CUDA GPU")),
 }
 
 
