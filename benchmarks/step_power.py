@@ -71,10 +71,10 @@ def main() -> None:
         torch.cuda.synchronize()
 
     vocab = pipeline.manifest.model.vocab_size
-    ids = engine.graphs.buffer[:args.batch]  # the graph's host-id column (its rows take these ids)
+    ids = engine.graphs.mailbox[:args.batch]  # the graph's host-id column, taken at each replay
 
     def tokens(diverse: bool) -> None:
-        ids.copy_(torch.randint(0, vocab, (args.batch,), device=ids.device) if diverse else torch.zeros_like(ids))
+        ids.copy_(torch.randint(0, vocab, (args.batch,)) if diverse else torch.zeros_like(ids))
 
     def normal(t: torch.Tensor) -> None:
         t.normal_(0, 1)

@@ -9,9 +9,14 @@ block-table width, so decode attention's split-K fits the real contexts, not the
 
 Every graph reads its step from one flat int64 device buffer, laid out per graph as
 [ids b | src b | positions b | slots b | seq_lens b int32 | block table b x width int32 |
-logits wanted 1]. The host fills the same layout in a pinned staging slot and sends it with one
-asynchronous copy, so launching a step never waits for the one before it (staging.py). Only the
-first stage's token ids or another stage's hidden rows, and that metadata, change between replays.
+logits wanted 1 | skip 1 | ids row 1]. The host fills the same layout in a mailbox of pinned
+host memory, and the graph's first kernel takes it from there over PCIe (kernels/step_io.py): no
+copy engine between two replays (a copy up and one down cost a 64-row step 16.6 µs between
+graphs, the two kernels 4.2 µs in them; docs/benchmarks.md). The mailbox is refilled once the
+graph launched last has taken it (an event recorded inside every graph), so launching a step never
+waits for the one before it to end. Only the first stage's token ids or another stage's hidden
+rows, and that metadata, change between replays; ids already on the device are copied into the
+buffer before the replay and `skip` keeps the graph from taking the mailbox's over them.
 
 A last stage's graph ends with the greedy argmax of its logits, written to the persistent buffer
 `sampled`. The engine replays only steps in which every row samples, so row j there is the
@@ -19,9 +24,11 @@ step's j-th sampled id; where rows sample at a temperature, the engine writes th
 it. In a step where every row is greedy nothing reads the logits, and a head whose epilogue leaves
 the ids skips writing them (64 x 128,256 fp32 values, 33 MB a step for Llama-3 at 64 rows).
 
-On a one-stage model the graph also starts from `sampled`: a row whose token the previous step is
-still sampling (overlap.py) has `src` = that token's row in `sampled`, and `src` = -1 takes the
-host id. A greedy decode step is then one copy up, one replay and one copy of the ids down.
+A last stage's graph ends with a kernel that writes the sampled ids into the row `ids row` names
+of a ring of pinned host memory (staging.IdRing), which the step's DeferredTokens reads once the
+replay is done. On a one-stage model the graph also starts from `sampled`: a row whose token the
+previous step is still sampling (overlap.py) has `src` = that token's row in `sampled`, and `src`
+= -1 takes the host id. A greedy decode step is then one replay, with nothing before or after it.
 """
 
 from __future__ import annotations
@@ -35,8 +42,9 @@ import numpy as np
 import torch
 
 from shardline.graph_capture import collected_garbage
+from shardline.kernels import step_io
 from shardline.model.transformer import PendingIds, StageModel, StepMetadata
-from shardline.stage_worker.staging import HostStep, PinnedStaging
+from shardline.stage_worker.staging import DeferredTokens, HostStep, IdRing
 
 log = logging.getLogger("shardline.stage_worker")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -54,13 +62,18 @@ class CudaGraphRunner:
         B, W = self.batch_buckets[-1], -(-max_model_len // block_size)
         dev = self.device
         numel = StepLayout(B, W).numel
-        self.staging = PinnedStaging(numel, dev)
+        on_gpu = dev.type == "cuda"
+        self.mailbox = torch.zeros(numel, dtype=torch.int64, pin_memory=on_gpu)  # mapped: graphs read it
+        self.mailbox_np = self.mailbox.numpy()
+        # Recorded inside every graph once its first kernel has taken the mailbox.
+        self.taken = torch.cuda.Event(external=True) if on_gpu else None
         self.buffer = torch.zeros(numel, dtype=torch.int64, device=dev)
         self.hidden = None if model.is_first else torch.zeros(B, model.cfg.hidden_size, dtype=model.dtype, device=dev)
         self.query_start_loc = torch.arange(B + 1, dtype=torch.int32, device=dev)
         self.sample_rows = torch.arange(B, dtype=torch.int64, device=dev)
         # The last replayed step's sampled ids (last stage): what the next replay's pending rows read.
         self.sampled = torch.zeros(B, dtype=torch.int64, device=dev) if model.is_last else None
+        self.host_ids = IdRing(4, B, dev) if model.is_last else None  # where a graph's last kernel puts them
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
         self.num_replays = 0
@@ -121,6 +134,7 @@ class CudaGraphRunner:
 
     def _capture(self, b: int, ctx: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         step = self._step(b, ctx)
+        layout = self._layout(b, ctx)
         self.load(b, ctx)
         # The warm-up runs the step for real: keep the sampled ids that a step being launched
         # (a graph captured on first use) may still read.
@@ -130,32 +144,58 @@ class CudaGraphRunner:
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture
                 step()
+            self._give(b, layout)  # to the row load claimed
         torch.cuda.current_stream(self.device).wait_stream(stream)
         if sampled is not None:
             self.sampled.copy_(sampled)
         graph = torch.cuda.CUDAGraph()
         with collected_garbage(), torch.cuda.graph(graph, pool=self.pool):
-            out = step()
+            out = self._replayed(b, ctx, step)
         if self.pool is None:
             self.pool = graph.pool()
         return graph, out
+
+    def _replayed(self, b: int, ctx: int, step: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """What a replay of graph (b, ctx) runs: the step taken from the mailbox, the stage, and
+        on a last stage its ids given to the host ring. Returns the stage's output."""
+        layout = self._layout(b, ctx)
+        step_io.take(self.mailbox, self.buffer[:layout.numel], layout.skip_at)
+        if self.taken is not None:
+            self.taken.record()
+        out = step()
+        self._give(b, layout)
+        return out
+
+    def _give(self, b: int, layout: "StepLayout") -> None:
+        """A last stage's ids to the host ring row the step names."""
+        if self.host_ids is not None:
+            step_io.give(self.sampled[:b], self.buffer, layout.ids_row_at, self.host_ids.host)
+
+    def _mailbox_free(self) -> None:
+        """Wait until the graph launched last has taken the mailbox (at once, unless it has not
+        started yet)."""
+        if self.taken is not None:
+            self.taken.synchronize()
 
     def load(self, b: int, ctx: int, step: HostStep | None = None) -> None:
         """Fill graph (b, ctx)'s inputs with `step`, or with b padding rows (context 1 in block 0,
         writing nowhere): what a graph is warmed up on, and what a benchmark replays it on. Graphs
         lay their inputs out differently in the shared buffer, so one replayed on another's step
-        would read garbage."""
+        would read garbage. The buffer takes them now (for an eager run of the step) and the
+        graph again at each replay."""
         layout = self._layout(b, ctx)
-        slot, buf = self.staging.slot()
-        layout.fill(buf, step or HostStep())
-        self.staging.upload(slot, layout.numel, self.buffer)
+        row = self.host_ids.claim() if self.host_ids is not None else 0  # a row no step in flight holds
+        self._mailbox_free()
+        layout.fill(self.mailbox_np, step or HostStep(), ids_row=row)
+        step_io.take(self.mailbox, self.buffer[:layout.numel], layout.skip_at)
 
     def run(self, inputs: torch.Tensor, step: HostStep, pending: list[tuple[int, int]] | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+            ) -> tuple[torch.Tensor, torch.Tensor | None, DeferredTokens | None] | None:
         """A decode step (a HostStep of n rows) and its inputs in; None when no graph fits, else
         the stage's output for those n rows and, on a last stage, their greedy ids [n] (a view of
-        `sampled`, overwritten by the next replay). Host token ids travel in the staged buffer;
-        device inputs (ids resolved on the GPU, or hidden rows) are copied into the graph's own.
+        `sampled`, overwritten by the next replay) and the same ids on their way to the host.
+        Host token ids travel in the mailbox; device inputs (ids resolved on the GPU, or hidden
+        rows) are copied into the graph's own.
 
         `pending` (one-stage model, host ids): (row, j) for each row whose id is the previous
         step's j-th sampled id, which the graph reads from `sampled`."""
@@ -168,15 +208,18 @@ class CudaGraphRunner:
         layout = self._layout(b, ctx)
         host_ids = self.model.is_first and inputs.device.type == "cpu"
         assert not pending or (host_ids and self.model.is_last), "pending rows need host ids on a one-stage model"
-        slot, buf = self.staging.slot()
-        layout.fill(buf, step, inputs.numpy() if host_ids else None, pending)
-        self.staging.upload(slot, layout.numel, self.buffer)
+        row = self.host_ids.claim() if self.host_ids is not None else 0
+        self._mailbox_free()
+        layout.fill(self.mailbox_np, step, inputs.numpy() if host_ids else None, pending,
+                    skip=b if self.model.is_first and not host_ids else 0, ids_row=row)
         if not host_ids:
             dst = self.buffer[:n] if self.model.is_first else self.hidden[:n]
             dst.copy_(inputs, non_blocking=True)
         graph.replay()
         self.num_replays += 1
-        return out[:n], (self.sampled[:n] if self.model.is_last else None)
+        if self.host_ids is None:
+            return out[:n], None, None
+        return out[:n], self.sampled[:n], self.host_ids.deferred(row, n)
 
 
 def write_src(src: np.ndarray, pending: list[tuple[int, int]] | None) -> None:
@@ -197,7 +240,9 @@ class StepLayout:
         self.seq_lens_at = 4 * b  # in int64 units; seq_lens and the table are int32
         self.tables_at = self.seq_lens_at + (b + 1) // 2
         self.logits_at = self.tables_at + (b * width + 1) // 2
-        self.numel = self.logits_at + 1
+        self.skip_at = self.logits_at + 1  # the graph takes the mailbox's words from this one on
+        self.ids_row_at = self.skip_at + 1  # the host ring's row for the step's sampled ids
+        self.numel = self.ids_row_at + 1
 
     def views(self, buffer: torch.Tensor, query_start_loc: torch.Tensor, sample_rows: torch.Tensor,
               ctx: int) -> tuple[torch.Tensor, torch.Tensor, StepMetadata]:
@@ -213,9 +258,11 @@ class StepLayout:
         return buffer[:b], buffer[b:2 * b], meta
 
     def fill(self, buf: np.ndarray, step: HostStep, ids: np.ndarray | None = None,
-             pending: list[tuple[int, int]] | None = None) -> None:
+             pending: list[tuple[int, int]] | None = None, skip: int = 0, ids_row: int = 0) -> None:
         """Write `step` (n <= b rows) into the host array `buf` in this layout; each (row, j) of
-        `pending` reads its id from the previous step's sampled id j instead of `ids`."""
+        `pending` reads its id from the previous step's sampled id j instead of `ids`. `skip`: the
+        graph leaves the buffer's first words as they are (b: ids the host copies on the device);
+        `ids_row`: the host ring's row for the sampled ids."""
         b, w, n = self.b, self.width, len(step.seq_lens)
         buf[:b] = 0
         if ids is not None:
@@ -234,3 +281,5 @@ class StepLayout:
             tables[i, :len(t)] = t
         tables[n:, 0] = 0
         buf[self.logits_at] = int(step.needs_logits)
+        buf[self.skip_at] = skip
+        buf[self.ids_row_at] = ids_row

@@ -212,15 +212,20 @@ class StageEngine:
             log.debug("step %d at %.4f: %d chunks, %d tokens, longest query %d, %s", self.num_steps, started,
                       len(batch.chunks), batch.num_tokens, step.max_query_len, "graph" if ran is not None else "eager")
         if ran is not None:
-            out, greedy = ran
+            out, greedy, greedy_host = ran
         else:
             if pending:
                 inputs = self._gather_pending(inputs, pending)
             meta = _to_device(step.metadata(), self.device)
-            out, greedy = self.model.forward(inputs.to(self.device), meta, self.kv_layers), None
+            out, greedy, greedy_host = self.model.forward(inputs.to(self.device), meta, self.kv_layers), None, None
         if self.is_last and not batch.return_logits:
-            out = self._sample(batch, out, greedy)
-            out = self.readback.start(out) if defer_tokens else out.tolist()
+            ids = self._sample(batch, out, greedy)
+            # Every row greedy in a graph: the graph has written the ids to host memory itself.
+            deferred = greedy_host if ids is greedy and greedy is not None else None
+            if defer_tokens:
+                out = deferred if deferred is not None else self.readback.start(ids)
+            else:
+                out = deferred.tolist() if deferred is not None else ids.tolist()
         elif self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         self.num_steps += 1

@@ -1,6 +1,8 @@
 """A step's host data on its way to the GPU, and its sampled ids on their way back, without
 waiting for the GPU. `HostStep` is a step's layout as plain lists; `PinnedStaging` sends host data
-up; `TokenReadback` brings sampled ids down.
+up; `TokenReadback` brings sampled ids down into an `IdRing`, the rows of pinned memory that a
+decode graph also writes its ids to itself (cuda_graphs.py, which takes its inputs from a pinned
+mailbox the same way).
 
 A copy from pageable host memory waits for every kernel already queued on the stream before it
 starts (CUDA's rule for pageable transfers): one `torch.tensor(...).to("cuda")` while step N runs
@@ -99,9 +101,45 @@ class DeferredTokens:
     event: torch.cuda.Event | None = None
 
     def tolist(self) -> list[int]:
+        self.settle()
+        return self.host.tolist()
+
+    def settle(self) -> None:
+        """Wait for the step, then hold the ids in memory of its own (its ring row may be reused)."""
         if self.event is not None:
             self.event.synchronize()
-        return self.host.tolist()
+            self.host, self.event = self.host.clone(), None
+
+
+class IdRing:
+    """Rows of pinned host memory that steps' sampled ids land in: by a copy (TokenReadback) or by
+    a decode graph's last kernel (cuda_graphs.py). A row goes to a new step only once the
+    DeferredTokens that held it has settled, so ids are never overwritten unread; with more rows
+    than steps in flight that never waits."""
+
+    def __init__(self, rows: int, width: int, device: torch.device) -> None:
+        on_gpu = device.type == "cuda"
+        self.host = torch.zeros(rows, width, dtype=torch.int64, pin_memory=on_gpu)
+        self._events = [torch.cuda.Event() if on_gpu else None for _ in range(rows)]
+        self._holders: list[DeferredTokens | None] = [None] * rows
+        self._next = 0
+
+    def claim(self) -> int:
+        """The next row, free of the step that held it."""
+        i = self._next
+        self._next = (i + 1) % len(self._holders)
+        if self._holders[i] is not None:
+            self._holders[i].settle()
+            self._holders[i] = None
+        return i
+
+    def deferred(self, row: int, n: int) -> DeferredTokens:
+        """Row `row`'s first n ids, once the work queued on the current stream so far is done."""
+        event = self._events[row]
+        if event is not None:
+            event.record()
+        self._holders[row] = DeferredTokens(self.host[row, :n], event)
+        return self._holders[row]
 
 
 class TokenReadback:
@@ -109,23 +147,18 @@ class TokenReadback:
     next step is queued. A plain `ids.tolist()` made later would wait behind that next step as
     well (a device-to-host copy waits for everything queued on the stream before it), which
     serialises overlapped decode again; and it would read the ids after the next step had
-    overwritten them (cuda_graphs.py's `sampled`)."""
+    overwritten them (cuda_graphs.py's `sampled`). A decode graph's greedy ids skip it: the graph
+    writes them to host memory itself."""
 
     def __init__(self, capacity: int, device: torch.device, slots: int = 4) -> None:
         self.on_gpu = device.type == "cuda"
-        self.host = torch.zeros(slots, capacity, dtype=torch.int64, pin_memory=self.on_gpu)
-        self.events = [torch.cuda.Event() if self.on_gpu else None for _ in range(slots)]
-        self._next = 0
+        self.ring = IdRing(slots, capacity, device)
 
     def start(self, ids: torch.Tensor) -> DeferredTokens:
         if not self.on_gpu:
             return DeferredTokens(ids.clone())  # its own copy, as on a GPU
-        if ids.numel() > self.host.shape[1]:  # more than a step samples (max_num_seqs): copy now
+        if ids.numel() > self.ring.host.shape[1]:  # more than a step samples (max_num_seqs): copy now
             return DeferredTokens(ids.cpu())
-        i = self._next
-        self._next = (i + 1) % len(self.events)
-        self.events[i].synchronize()  # read long ago (slots > steps in flight); never waits in practice
-        host = self.host[i, :ids.numel()]
-        host.copy_(ids, non_blocking=True)
-        self.events[i].record()
-        return DeferredTokens(host, self.events[i])
+        row = self.ring.claim()
+        self.ring.host[row, :ids.numel()].copy_(ids, non_blocking=True)
+        return self.ring.deferred(row, ids.numel())

@@ -1,6 +1,7 @@
-"""What a decode graph does, run eagerly on the CPU: CudaGraphRunner's packing, its pending rows
-read from `sampled`, its greedy argmax written there, and the engine's bookkeeping around it
-(drawn ids copied back, eager steps in between). test_gpu_engine.py replays real graphs."""
+"""What a decode graph does, run eagerly on the CPU: CudaGraphRunner's packing, the step taken
+from its mailbox, its pending rows read from `sampled`, its greedy argmax written there and given
+to the host ring, and the engine's bookkeeping around it (drawn ids copied back, eager steps in
+between). test_gpu_engine.py replays real graphs."""
 
 from __future__ import annotations
 
@@ -27,11 +28,12 @@ class ReplayedEagerly(CudaGraphRunner):
     def _capture(self, b: int, ctx: int):
         step = self._step(b, ctx)
         out = torch.empty(b, self.model.cfg.vocab_size)
+        replayed = self._replayed
 
         class Replay:
             @staticmethod
-            def replay() -> None:
-                out.copy_(step())
+            def replay() -> None:  # the step taken from the mailbox, run, its ids given to the ring
+                out.copy_(replayed(b, ctx, step))
 
         return Replay(), out
 

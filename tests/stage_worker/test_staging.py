@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from shardline.kernels.embedding import resolve_ids
+from shardline.kernels.step_io import give_ref, take_ref
 from shardline.stage_worker.cuda_graphs import StepLayout
-from shardline.stage_worker.staging import HostStep, PinnedStaging
+from shardline.stage_worker.staging import DeferredTokens, HostStep, IdRing, PinnedStaging, TokenReadback
 
 
 def test_layout_round_trips_a_step_and_pads_the_rest():
@@ -49,7 +50,8 @@ def test_a_layouts_parts_are_disjoint_and_inside_it(b, width):
     layout = StepLayout(b, width)
     buffer = torch.zeros(layout.numel + 64, dtype=torch.int64)
     ids, src, meta = layout.views(buffer, torch.arange(b + 1, dtype=torch.int32), torch.arange(b), 16 * width)
-    parts = [ids, src, meta.positions, meta.slot_mapping, meta.seq_lens, meta.block_tables, meta.logits_wanted]
+    parts = [ids, src, meta.positions, meta.slot_mapping, meta.seq_lens, meta.block_tables, meta.logits_wanted,
+             buffer[layout.skip_at:layout.skip_at + 1], buffer[layout.ids_row_at:layout.ids_row_at + 1]]
     spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in parts)
     start, end = buffer.data_ptr(), buffer.data_ptr() + layout.numel * 8
     assert spans[0][0] >= start and spans[-1][1] <= end, "a part lies outside the uploaded span"
@@ -72,3 +74,63 @@ def test_a_graph_takes_pending_ids_from_the_previous_steps_sampled_ids():
     ids = torch.tensor([11, 0, 13, 0])
     src = torch.tensor([-1, 5, -1, 0])
     assert resolve_ids(ids, src, sampled).tolist() == [11, 75, 13, 70]
+
+
+def test_a_graph_takes_the_mailbox_above_its_skip_word_and_gives_its_ids_to_the_named_row():
+    """The graph's first and last kernels (kernels/step_io.py) through the layout: host ids taken
+    with the rest of the step; a step whose ids are already on the device skips them; the ids go
+    to the ring row the step names."""
+    step = HostStep(positions=[5, 17], slots=[37, 81], tables=[[4, 2], [9, 3, 5]], seq_lens=[6, 18],
+                    max_query_len=1, max_seq_len=18)
+    layout = StepLayout(3, 5)
+    mailbox = torch.zeros(layout.numel + 9, dtype=torch.int64)
+    buffer = torch.full((layout.numel,), 99, dtype=torch.int64)
+    layout.fill(mailbox.numpy(), step, np.array([11, 12]), ids_row=2)
+    take_ref(mailbox, buffer, layout.skip_at)
+    ids, _, meta = layout.views(buffer, torch.arange(4, dtype=torch.int32), torch.arange(3), 40)
+    assert ids.tolist() == [11, 12, 0] and meta.positions.tolist() == [5, 17, 0]
+    buffer[:2] = torch.tensor([41, 42])  # a TP follower's ids, broadcast on the device
+    layout.fill(mailbox.numpy(), step, skip=3, ids_row=1)
+    take_ref(mailbox, buffer, layout.skip_at)
+    assert ids.tolist() == [41, 42, 0], "the device's ids stay"
+    assert meta.slot_mapping.tolist() == [37, 81, -1]
+    ring = torch.zeros(4, 3, dtype=torch.int64)
+    give_ref(torch.tensor([7, 8, 9]), buffer, layout.ids_row_at, ring)
+    assert ring[1].tolist() == [7, 8, 9] and ring[[0, 2, 3]].abs().sum() == 0
+
+
+class FakeEvent:
+    """Stands in for a CUDA event (the GPU's completion is not what this is about): counts waits."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def record(self) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        self.waits += 1
+
+
+def test_a_ring_row_goes_to_a_new_step_only_once_the_last_holder_has_its_own_copy():
+    ring = IdRing(2, 4, torch.device("cpu"))
+    ring._events = [FakeEvent(), FakeEvent()]
+    first = ring.claim()
+    ring.host[first, :3] = torch.tensor([1, 2, 3])
+    held = ring.deferred(first, 3)
+    second = ring.claim()
+    assert second != first
+    ring.deferred(second, 3).tolist()
+    again = ring.claim()  # the first row again: its holder has not been read yet
+    assert again == first and ring._events[first].waits == 1, "the holder waited for its step"
+    ring.host[again, :3] = torch.tensor([7, 7, 7])  # the next step's ids land in the row
+    assert held.tolist() == [1, 2, 3], "the first step's ids were kept before the row was reused"
+
+
+def test_deferred_tokens_read_the_same_ids_twice_and_readback_copies_on_cpu():
+    d = DeferredTokens(torch.tensor([4, 5]), FakeEvent())
+    assert d.tolist() == [4, 5] and d.tolist() == [4, 5] and d.event is None
+    ids = torch.tensor([9, 8, 7])
+    got = TokenReadback(4, torch.device("cpu")).start(ids)
+    ids[0] = 0
+    assert got.tolist() == [9, 8, 7], "the readback holds its own copy"
