@@ -1,5 +1,6 @@
-"""A step's first kernel: each row's token id (the host's, or one the previous step sampled on the
-device), its embedding row, and that row's sum of squares.
+"""A step's first model kernel (in a decode graph, after step_io's take of the step): each row's
+token id (the host's, or one the previous step sampled on the device), its embedding row, and that
+row's sum of squares.
 
 A decode step of a one-stage model used to open with six small kernels: four resolving the ids
 (`torch.where(src >= 0, sampled[src.clamp(min=0)], ids)`), the embedding gather, and the first
