@@ -27,7 +27,8 @@ class ReplayedEagerly(CudaGraphRunner):
 
     def _capture(self, b: int, ctx: int):
         step = self._step(b, ctx)
-        out = torch.empty(b, self.model.cfg.vocab_size)
+        cfg = self.model.cfg
+        out = torch.empty(b, cfg.vocab_size if self.model.is_last else cfg.hidden_size)  # logits, or the stream
         replayed = self._replayed
 
         class Replay:
@@ -69,6 +70,23 @@ def test_graph_steps_give_the_plain_loops_tokens(one_stage, params, max_num_seqs
     fast = with_graphs(one_stage, config)
     assert fast.generate(PROMPTS, params) == want, "a graph step fed or returned the wrong ids"
     assert fast.engines[0].graphs.num_replays >= 8, "decode steps should have taken the graph path"
+
+
+@pytest.mark.parametrize("params", [GREEDY, MIXED], ids=["greedy", "mixed"])
+def test_two_stages_on_graphs_give_the_plain_loops_tokens(tmp_path, tiny_hf, params):
+    """PP = 2, each stage on the graph path: stage 0 takes host ids from its mailbox and gives no
+    ids; stage 1 takes the hidden rows as a device copy beside its mailbox and gives its greedy
+    ids to its host ring. Every token must be the plain loop's."""
+    convert(tiny_hf("llama"), tmp_path / "model", tp=1, pp=2, dtype="fp32")
+    config = EngineConfig(num_blocks=64, max_num_seqs=8)
+    want = LocalPipeline(tmp_path / "model", config=config).generate(PROMPTS, params)
+    fast = LocalPipeline(tmp_path / "model", config=config)
+    for engine in fast.engines:
+        engine.graphs = ReplayedEagerly(engine.model, engine.kv_layers, config.max_num_seqs, engine.max_model_len,
+                                        config.block_size)
+    assert fast.generate(PROMPTS, params) == want, "a stage's graph step took or gave the wrong rows"
+    assert all(e.graphs.num_replays >= 4 for e in fast.engines), "both stages should have replayed graphs"
+    assert fast.engines[0].graphs.host_ids is None and fast.engines[1].graphs.host_ids is not None
 
 
 def test_a_step_with_an_unsampled_one_token_chunk_runs_eagerly(one_stage):
