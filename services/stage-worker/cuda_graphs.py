@@ -11,24 +11,25 @@ Every graph reads its step from one flat int64 device buffer, laid out per graph
 [ids b | src b | positions b | slots b | seq_lens b int32 | block table b x width int32 |
 logits wanted 1 | skip 1 | ids row 1]. The host fills the same layout in a mailbox of pinned
 host memory, and the graph's first kernel takes it from there over PCIe (kernels/step_io.py): no
-copy engine between two replays (a copy up and one down cost a 64-row step 16.6 µs between
-graphs, the two kernels 4.2 µs in them; docs/benchmarks.md). The mailbox is refilled once the
-graph launched last has taken it (an event recorded inside every graph), so launching a step never
-waits for the one before it to end. Only the first stage's token ids or another stage's hidden
-rows, and that metadata, change between replays; ids already on the device are copied into the
-buffer before the replay and `skip` keeps the graph from taking the mailbox's over them.
+copy engine between two replays (a copy up and one down cost a 64-row step 14-17 µs between
+graphs, the two kernels nothing measurable; docs/benchmarks.md). The mailbox is refilled once the
+last take of it has run (an event recorded inside every graph, and after an eager take), so
+launching a step never waits for the one before it to end. Only the first stage's token ids or
+another stage's hidden rows, and that metadata, change between replays; ids already on the device
+are copied into the buffer before the replay and `skip` keeps the graph from taking the
+mailbox's over them.
 
 A last stage's graph ends with the greedy argmax of its logits, written to the persistent buffer
-`sampled`. The engine replays only steps in which every row samples, so row j there is the
-step's j-th sampled id; where rows sample at a temperature, the engine writes the drawn ids over
-it. In a step where every row is greedy nothing reads the logits, and a head whose epilogue leaves
-the ids skips writing them (64 x 128,256 fp32 values, 33 MB a step for Llama-3 at 64 rows).
+`sampled`, and a kernel that writes those ids into the row `ids row` names of a ring of pinned
+host memory (staging.IdRing), which the step's DeferredTokens reads once the replay is done. The
+engine replays only steps in which every row samples, so row j there is the step's j-th sampled
+id; where rows sample at a temperature, the engine writes the drawn ids over it. In a step where
+every row is greedy nothing reads the logits, and a head whose epilogue leaves the ids skips
+writing them (64 x 128,256 fp32 values, 33 MB a step for Llama-3 at 64 rows).
 
-A last stage's graph ends with a kernel that writes the sampled ids into the row `ids row` names
-of a ring of pinned host memory (staging.IdRing), which the step's DeferredTokens reads once the
-replay is done. On a one-stage model the graph also starts from `sampled`: a row whose token the
-previous step is still sampling (overlap.py) has `src` = that token's row in `sampled`, and `src`
-= -1 takes the host id. A greedy decode step is then one replay, with nothing before or after it.
+On a one-stage model the graph also starts from `sampled`: a row whose token the previous step is
+still sampling (overlap.py) has `src` = that token's row in `sampled`, and `src` = -1 takes the
+host id. A greedy decode step is then one replay, with nothing before or after it.
 """
 
 from __future__ import annotations
@@ -172,8 +173,8 @@ class CudaGraphRunner:
             step_io.give(self.sampled[:b], self.buffer, layout.ids_row_at, self.host_ids.host)
 
     def _mailbox_free(self) -> None:
-        """Wait until the graph launched last has taken the mailbox (at once, unless it has not
-        started yet)."""
+        """Wait until the last take of the mailbox queued (by the graph launched last, or by
+        `load`) has run: at once, unless it has not started yet."""
         if self.taken is not None:
             self.taken.synchronize()
 
@@ -188,6 +189,8 @@ class CudaGraphRunner:
         self._mailbox_free()
         layout.fill(self.mailbox_np, step or HostStep(), ids_row=row)
         step_io.take(self.mailbox, self.buffer[:layout.numel], layout.skip_at)
+        if self.taken is not None:
+            self.taken.record()  # the next fill of the mailbox waits for this take too
 
     def run(self, inputs: torch.Tensor, step: HostStep, pending: list[tuple[int, int]] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None, DeferredTokens | None] | None:
