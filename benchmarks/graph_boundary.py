@@ -4,9 +4,8 @@
 
 A decode step is one replay of a captured graph. The graph's first kernel takes the step's
 metadata from a pinned host mailbox and its last writes the sampled ids to pinned host memory
-(kernels/step_io.py, cuda_graphs.py). Before that (commit 39dcad1) the metadata went up by a
-copy before each replay and the ids came down by a copy after it: two copy-engine round trips
-between graphs. This script times, in one process and alternated over rounds, per step:
+(kernels/step_io.py, cuda_graphs.py). Until commit b101153 the metadata went up by a copy before
+each replay and the ids came down by a copy after it: two copy-engine round trips between graphs. This script times, in one process and alternated over rounds, per step:
 
 * `the engine's graph`: the runner's graph, its I/O kernels in it, replayed back to back;
 * `the step alone`: the same step captured with no I/O (the kernels between the two ends);
@@ -125,6 +124,7 @@ def main() -> None:
         row = "  ".join(f"{t:.4f} ({clock})" for t, clock in times[name])
         best = min(t for t, _ in times[name])
         print(f"{name:<28} {row}   best {best:.4f}   {1e3 * (best - base):+.1f} us")
+
 
 if __name__ == "__main__":
     main()

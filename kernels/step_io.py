@@ -3,9 +3,9 @@ write its sampled ids back to it, so that no copy engine stands between two repl
 
 A replayed step used to be three operations on the stream: the step's metadata copied up from a
 pinned slot, the graph, the sampled ids copied down. Each copy is a round trip to a copy engine
-between two graphs: +11 µs a step for the 6.4 KB copy up at 64 rows and +9.5 µs for the 512-byte
-copy down, where the same two copies done by kernels inside the graph cost 4.2 µs in all
-(H200, `python -m benchmarks.graph_boundary`, docs/benchmarks.md). Pinned host memory is mapped
+between two graphs: the two cost a 64-row step 14-17 µs (7-11 µs up for 6.4 KB, 8.5-9.5 µs down
+for 512 bytes), where these two kernels inside the graph cost nothing the replays resolve (H200,
+`python -m benchmarks.graph_boundary`, docs/benchmarks.md "Between two steps"). Pinned host memory is mapped
 into the GPU's address space (unified addressing), so a kernel reads and writes it over PCIe as
 it does device memory.
 
@@ -13,7 +13,7 @@ it does device memory.
   mailbox[skip_at], read beside the words (not before them: one PCIe round trip, not two); words
   below it stay as the host stream left them (a step whose token ids are already on the device).
 - `give(ids, buffer, slot_at, ring)`: ring[buffer[slot_at], :len(ids)] = ids: the step names the
-  row of the host ring its ids go to (cuda_graphs.IdRing).
+  row of the host ring its ids go to (staging.IdRing).
 
 On the CPU (no graphs) and without Triton the references copy with torch.
 """

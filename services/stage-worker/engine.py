@@ -221,7 +221,7 @@ class StageEngine:
         if self.is_last and not batch.return_logits:
             ids = self._sample(batch, out, greedy)
             # Every row greedy in a graph: the graph has written the ids to host memory itself.
-            deferred = greedy_host if ids is greedy and greedy is not None else None
+            deferred = greedy_host if ids is greedy else None
             if defer_tokens:
                 out = deferred if deferred is not None else self.readback.start(ids)
             else:
