@@ -37,10 +37,11 @@ def compile_ring(block_n: int, block_k: int, stages: int, split_k: int, glu: boo
            "w_desc": f"tensordesc<bf16[{block_n}, {block_k}],{w_layout!r}>",
            "count_ptr": "*i32", "eps": "fp32", "trace_ptr": "*i64"}
     sig |= {n: "*bf16" for n in ("bias_ptr", "out_ptr", "res_ptr")}
-    sig |= {n: "*fp32" for n in ("part_ptr", "ss_in_ptr", "ss_out_ptr")}
+    sig |= {n: "*fp32" for n in ("part_ptr", "ss_in_ptr", "ss_out_ptr", "centre_ptr")}
     sig |= {n: "i32" for n in ("M", "N", "K", "stride_om", "total_runs", "programs", "oob_row", "ss_parts", "stride_res")}
     constexprs = dict(BLOCK_N=block_n, HAS_BIAS=False, GLU=glu, SPLIT_K=split_k, STAGES=stages, EARLY=stages,
-                      ROW_NORM=fold == "norm", PARTS_P2=32, RESIDUAL=fold == "res", USE_PDL=True, LATE=late,
+                      ROW_NORM=fold == "norm", PARTS_P2=32, RESIDUAL=fold == "res", CENTRED=False,
+                      SUMS=False, USE_PDL=True, LATE=late,
                       TRACE=trace, num_warps=4)
     sig |= {k: "constexpr" for k in constexprs}
     src = GluonASTSource(fn=fn, signature={n: sig[n] for n in order},

@@ -32,7 +32,7 @@ def compile_split_k(block_n: int, block_k: int, split_k: int, warps: int, stages
     bn = block_n // 2 if glu else block_n
     ptrs = ("x_ptr", "w_ptr", "scale_ptr", "bias_ptr", "out_ptr", "res_ptr", "store_ptr")
     sig = {n: "*bf16" for n in ptrs}
-    sig |= {n: "*fp32" for n in ("part_ptr", "ss_in_ptr", "ss_out_ptr", "best_ptr")}
+    sig |= {n: "*fp32" for n in ("part_ptr", "ss_in_ptr", "ss_out_ptr", "centre_ptr", "best_ptr")}
     sig |= {"count_ptr": "*i32", "first_ptr": "*i32", "trace_ptr": "*i64", "eps": "fp32"}
     sig |= {n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_wn", "stride_om", "ss_parts", "stride_res",
                                "greedy_cols")}
@@ -41,7 +41,8 @@ def compile_split_k(block_n: int, block_k: int, split_k: int, warps: int, stages
     constexprs = dict(HAS_SCALE=False, HAS_BIAS=False, FP8=False, EVEN_K=k % block_k == 0, DOT_PRECISION="tf32",
                       GLU=glu, SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=block_k, PREFETCH=1, AHEAD=0,
                       LATE=0, LINE=min(64, block_k), TMA=tma, ROW_NORM=glu, PARTS_P2=32, RESIDUAL=False,
-                      ARGMAX=False, GATE_STORE=False, GELU=False, TRACE=False, USE_PDL=True)
+                      ARGMAX=False, GATE_STORE=False, GELU=False, CENTRED=False, SUMS=False, TRACE=False,
+                      USE_PDL=True)
     sig |= {c: "constexpr" for c in constexprs}
     aligned = [n for n in order if sig[n].startswith("*") or n.startswith("stride")]
     src = ASTSource(fn=fn, signature={n: sig[n] for n in order},

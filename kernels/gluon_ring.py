@@ -125,11 +125,12 @@ def _producer(x_desc, w_desc, x_ring, w_ring, ready, empty, row, up_row, k_lo, k
 @gluon.jit
 def _consumer(x_ring, w_ring, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, M, K, row,
               row_end, trace_ptr, program, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GLU: gl.constexpr,
-              ROW_NORM: gl.constexpr, PARTS_P2: gl.constexpr, RESIDUAL: gl.constexpr, USE_PDL: gl.constexpr,
-              LATE: gl.constexpr, TRACE: gl.constexpr, num_warps: gl.constexpr):
+              ROW_NORM: gl.constexpr, PARTS_P2: gl.constexpr, RESIDUAL: gl.constexpr, CENTRED: gl.constexpr,
+              USE_PDL: gl.constexpr, LATE: gl.constexpr, TRACE: gl.constexpr, num_warps: gl.constexpr):
     """The warpgroup: acc (and acc_up) [64, BLOCK_N] fp32 over this split's K tiles; with the fold,
-    also each row's 1 / rms (ROW_NORM) and the residual's tile (RESIDUAL), requested right after
-    the PDL wait so that they land while the loop runs."""
+    also each row's 1 / rms (ROW_NORM; CENTRED, a LayerNorm's: its mean and 1 / std) and the
+    residual's tile (RESIDUAL), requested right after the PDL wait so that they land while the
+    loop runs."""
     if USE_PDL:
         _gdc_wait()
         if not LATE:
@@ -138,12 +139,16 @@ def _consumer(x_ring, w_ring, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, r
     out_layout: gl.constexpr = _out_layout(num_warps)
     rstd = gl.full((BLOCK_M,), 1.0, gl.float32, layout=gl.SliceLayout(1, out_layout))
     res = rstd  # a placeholder unless RESIDUAL
+    mean = rstd  # and unless CENTRED
     ss_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])
     if ROW_NORM:  # requested here, summed after the loop (a sum here would wait for the loads)
         p = gl.arange(0, PARTS_P2, layout=gl.SliceLayout(1, ss_layout))
         m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ss_layout))
         ss = gl.load(ss_in_ptr + p[:, None] * M + m[None, :], mask=(p[:, None] < ss_parts) & (m[None, :] < M),
                      other=0.0)
+        if CENTRED:  # the rows' sums follow their squares
+            sums = gl.load(ss_in_ptr + (ss_parts + p[:, None]) * M + m[None, :],
+                           mask=(p[:, None] < ss_parts) & (m[None, :] < M), other=0.0)
     if RESIDUAL:
         offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
         offs_n = row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
@@ -170,8 +175,13 @@ def _consumer(x_ring, w_ring, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, r
         if LATE:  # the kernel after this one launches once every program gets here
             _gdc_launch_dependents()
     if ROW_NORM:
-        rstd = gl.convert_layout(1.0 / gl.sqrt(gl.sum(ss, axis=0) / K + eps), gl.SliceLayout(1, out_layout))
-    return acc, acc_up, rstd, res
+        second = gl.sum(ss, axis=0) / K
+        if CENTRED:  # E[x^2] - mean^2, floored at 0, as triton_quant.row_moments
+            mu = gl.sum(sums, axis=0) / K
+            second = gl.maximum(second - mu * mu, 0.0)
+            mean = gl.convert_layout(mu, gl.SliceLayout(1, out_layout))
+        rstd = gl.convert_layout(1.0 / gl.sqrt(second + eps), gl.SliceLayout(1, out_layout))
+    return acc, acc_up, rstd, res, mean
 
 
 @gluon.constexpr_function
@@ -183,13 +193,14 @@ def _out_layout(num_warps):
 @gluon.jit
 def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_om,
                         total_runs, programs, oob_row, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, ss_out_ptr,
-                        trace_ptr, BLOCK_N: gl.constexpr, HAS_BIAS: gl.constexpr, GLU: gl.constexpr,
+                        centre_ptr, trace_ptr, BLOCK_N: gl.constexpr, HAS_BIAS: gl.constexpr, GLU: gl.constexpr,
                         SPLIT_K: gl.constexpr, STAGES: gl.constexpr, EARLY: gl.constexpr, ROW_NORM: gl.constexpr,
-                        PARTS_P2: gl.constexpr, RESIDUAL: gl.constexpr, USE_PDL: gl.constexpr, LATE: gl.constexpr, TRACE: gl.constexpr,
-                        num_warps: gl.constexpr):
+                        PARTS_P2: gl.constexpr, RESIDUAL: gl.constexpr, CENTRED: gl.constexpr, SUMS: gl.constexpr,
+                        USE_PDL: gl.constexpr, LATE: gl.constexpr, TRACE: gl.constexpr, num_warps: gl.constexpr):
     """ROW_NORM and RESIDUAL: the fold of the RMSNorm before the product and the residual add
-    after it, as in the split-K kernel (triton_quant.py: row_rstd, residual_epilogue). TRACE:
-    each program's timeline at trace_ptr (kernels/trace.py)."""
+    after it, as in the split-K kernel (triton_quant.py: row_rstd, residual_epilogue); CENTRED and
+    SUMS a LayerNorm's (row_moments, centre_rows). TRACE: each program's timeline at trace_ptr
+    (kernels/trace.py)."""
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BOX: gl.constexpr = w_desc.block_type.shape[0]
     WT: gl.constexpr = 2 if GLU else 1
@@ -218,10 +229,10 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
-    acc, acc_up, rstd, res = gl.warp_specialize(
+    acc, acc_up, rstd, res, mean = gl.warp_specialize(
         [(_consumer, (x_ring, w_ring, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, M, K,
-                      row, row_end, trace_ptr, program, BLOCK_N, STAGES, GLU, ROW_NORM, PARTS_P2, RESIDUAL, USE_PDL,
-                      LATE, TRACE, num_warps)),
+                      row, row_end, trace_ptr, program, BLOCK_N, STAGES, GLU, ROW_NORM, PARTS_P2, RESIDUAL, CENTRED,
+                      USE_PDL, LATE, TRACE, num_warps)),
          (_producer, (x_desc, w_desc, x_ring, w_ring, ready, empty, row, N + row, k_lo, k_tiles, runs, oob_row,
                       BLOCK_N, STAGES, EARLY, GLU, USE_PDL))],
         [1], [40])
@@ -258,7 +269,11 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
         gl.atomic_xchg(count_ptr + pid_n, 0)
     # The epilogue rounds where the unfused path (the product, then the activation) rounds.
     dtype: gl.constexpr = out_ptr.dtype.element_ty
-    if ROW_NORM:  # a row factor, so before the bias
+    if ROW_NORM:  # row factors, so before the bias
+        if CENTRED:  # W (x - mean) = W x - mean * (W's row sums)
+            acc -= mean[:, None] * gl.load(centre_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
+            if GLU:
+                acc_up -= mean[:, None] * gl.load(centre_ptr + N + offs_n, mask=n_mask, other=0.0)[None, :]
         acc = acc * rstd[:, None]
         acc_up = acc_up * rstd[:, None]
     y = acc
@@ -275,18 +290,22 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
         y = (y.to(dtype).to(gl.float32) + res).to(dtype).to(gl.float32)
         sq = gl.where(mask, y * y, 0.0)
         gl.store(ss_out_ptr + pid_n * M + offs_m, gl.sum(sq, axis=1), mask=offs_m < M)
+        if SUMS:
+            gl.store(ss_out_ptr + (gl.num_programs(0) + pid_n) * M + offs_m, gl.sum(gl.where(mask, y, 0.0), axis=1),
+                     mask=offs_m < M)
     gl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], y.to(dtype), mask=mask)
     _stamp(trace_ptr, program, T_EXIT, TRACE)
 
 
 def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, cfg: dict, plan: dict,
                       glu: bool = False, out_dtype: torch.dtype | None = None, norm=None,
-                      residual: torch.Tensor | None = None):
+                      residual: torch.Tensor | None = None, centre: torch.Tensor | None = None, sums: bool = False):
     """y [.., N] (or [.., N/2] with `glu`, w then the fused [gate; up] projection) for x [.., K]
     and w [N, K]; `out_dtype` (not with `glu`): the output's dtype if not x's. `cfg` and `plan`:
     quant.ring_config's validated config and quant.ring_plan's tile and grid for these operands
     (quant.ring_linear, the one caller, makes both on every device). `norm` and `residual`: the
-    fold, as quant.small_m_linear's (with `residual` the result is (stream, partial sums of squares))."""
+    fold, as quant.small_m_linear's (with `residual` the result is (stream, partial sums of squares)),
+    and `centre` and `sums` a LayerNorm's."""
     reason = ring_fits(x, w)
     if reason is not None:
         raise ValueError(reason)
@@ -299,8 +318,9 @@ def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
     M = x2.shape[0]
     out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0 or N == 0:
-        return out.view(*x.shape[:-1], N) if residual is None else (out, out.new_zeros((1, M), dtype=torch.float32))
-    fold = FoldArgs(out, plan["grid"][0], M, norm, residual)
+        return out.view(*x.shape[:-1], N) if residual is None else (out, out.new_zeros((2, 1, M) if sums else (1, M),
+                                                                                       dtype=torch.float32))
+    fold = FoldArgs(out, plan["grid"][0], M, norm, residual, centre, sums)
     block_n, block_k, stages, split_k = plan["BLOCK_N"], cfg["BLOCK_K"], cfg["STAGES"], cfg["SPLIT_K"]
     early = min(cfg.get("EARLY", stages), stages)
     elem = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
@@ -322,9 +342,10 @@ def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
         x_desc, w_desc, bias if bias is not None else out, out, part, counters, M, N, K, out.stride(0),
         plan["runs"], plan["programs"], N2, *fold.args, trace_ptr, BLOCK_N=block_n,
         HAS_BIAS=bias is not None, GLU=glu, SPLIT_K=split_k, STAGES=stages, EARLY=early,
-        ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2, RESIDUAL=residual is not None, USE_PDL=pdl,
+        ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2, RESIDUAL=residual is not None, CENTRED=fold.centred,
+        SUMS=fold.sums, USE_PDL=pdl,
         LATE=bool(cfg.get("LATE", 0)), TRACE=traced,
         num_warps=4, launch_pdl=pdl, **cap)
     if residual is not None:
-        return out, fold.sum_squares
+        return out, fold.partials
     return out.view(*x.shape[:-1], N)

@@ -40,9 +40,10 @@ def _check_glu(weight: torch.Tensor, glu: bool, out_dtype: torch.dtype | None = 
 
 def _reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
                glu: bool, out_dtype: torch.dtype | None, norm: RowNorm | None = None,
-               residual: torch.Tensor | None = None):
+               residual: torch.Tensor | None = None, centre: torch.Tensor | None = None, sums: bool = False):
     """linear_ref in `out_dtype`: what the decode GEMMs compute where their kernels do not run;
-    with the fold of `norm` and `residual`, the sums in fp32 and rounded where the kernels round."""
+    with the fold of `norm` (and a LayerNorm's `centre`) and `residual` (and `sums`), the sums in
+    fp32 and rounded where the kernels round."""
     if norm is None and residual is None:
         y = linear_ref(x, weight, scale, bias, glu)
         return y if out_dtype is None else y.to(out_dtype)
@@ -50,7 +51,10 @@ def _reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None
     w = weight.to(acc) * scale.to(acc)[:, None] if scale is not None else weight.to(acc)
     y = torch.nn.functional.linear(x.to(acc), w)
     if norm is not None:
-        y = y * norm.rstd(x.shape[-1]).to(acc).reshape(*y.shape[:-1], 1)
+        rows = (*y.shape[:-1], 1)
+        if norm.sums is not None:  # W (x - mean) = W x - mean * (W's row sums)
+            y = y - norm.mean(x.shape[-1]).to(acc).reshape(rows) * centre.to(acc)
+        y = y * norm.rstd(x.shape[-1]).to(acc).reshape(rows)
     if bias is not None:
         y = y + bias.to(acc)
     if glu:
@@ -59,12 +63,23 @@ def _reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None
     if residual is None:
         return y.to(out_dtype or x.dtype)
     s = (y.to(x.dtype).to(acc) + residual.to(acc)).to(x.dtype)
-    return s, sum_squares_ref(s)
+    return s, sum_squares_ref(s, sums)
 
 
-def _check_fold(glu: bool, out_dtype: torch.dtype | None, residual: torch.Tensor | None) -> None:
+def _check_fold(glu: bool, out_dtype: torch.dtype | None, residual: torch.Tensor | None,
+                norm: RowNorm | None = None, centre: torch.Tensor | None = None, n: int = 0,
+                sums: bool = False) -> None:
     if residual is not None and (glu or out_dtype is not None):
         raise ValueError("the residual add follows a plain product in x's dtype: no glu, no out_dtype")
+    if sums and residual is None:
+        raise ValueError("sums are the stream's, which a product leaves only with the residual add")
+    if norm is not None and norm.sums is not None:
+        if centre is None:
+            raise ValueError("a LayerNorm's fold needs the product's centre (its weight's row sums, "
+                             "Linear.centre): fold the norm with fold_layer_norm first")
+        if centre.shape != (n,) or centre.dtype != torch.float32:
+            raise ValueError(f"centre must be fp32 [{n}] (a weight row's sum each), got {centre.dtype} "
+                             f"{list(centre.shape)}")
 
 
 def _rows(x: torch.Tensor) -> int:
@@ -137,7 +152,8 @@ class GreedyIds:
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
                    bias: torch.Tensor | None, config: dict, glu: bool = False,
                    out_dtype: torch.dtype | None = None, norm: RowNorm | None = None,
-                   residual: torch.Tensor | None = None, greedy: GreedyIds | None = None, gelu: bool = False):
+                   residual: torch.Tensor | None = None, greedy: GreedyIds | None = None, gelu: bool = False,
+                   centre: torch.Tensor | None = None, sums: bool = False):
     """The split-K small-M kernel with a tuned `config` (shardline tune-gemm), for int8 or fp8
     (with scale) or x-dtype weights; the plain product where Triton does not run. With `glu`,
     W is the fused [gate; up] projection and the result silu(gate) * up. `out_dtype` (not with
@@ -147,14 +163,17 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
     The fold (Llama's decode at batch > 1, model/transformer.py): `norm` scales x's rows by
     1 / rms in the epilogue (the RMSNorm before this product, its weight folded into W);
     `residual` adds the stream to the product there and returns (the stream's next value, its
-    partial sums of squares), the next product's `norm`.
+    partial sums of squares), the next product's `norm`. GPT-J's LayerNorm folds the same way:
+    a `norm` with sums centres the rows too, by the product's `centre` (fp32 [N], each weight
+    row's sum), and `sums` has the residual product leave the stream's partial sums beside its
+    squares ([2, tiles, M], norm.RowNorm.of).
 
     `greedy` (not with `residual`): each row's argmax of the result, written to greedy.out; the
     kernel's epilogue leaves each tile's maximum, so no pass over the result follows (the head's
     logits at greedy decode). `gelu`: the result is gelu_tanh(the product + bias), rounded where
     the product and then activation.gelu_tanh would round (GPT-J's and GPT-2's up projection)."""
     _check_glu(weight, glu, out_dtype)
-    _check_fold(glu, out_dtype, residual)
+    _check_fold(glu, out_dtype, residual, norm, centre, weight.shape[0], sums)
     if gelu and (glu or out_dtype is not None or residual is not None or greedy is not None):
         raise ValueError("gelu follows a plain product in x's dtype: no glu, out_dtype, residual or greedy")
     if greedy is not None and (residual is not None or glu or x.dim() != 2
@@ -162,8 +181,9 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
         raise ValueError("greedy ids come from a plain product of rows [M, K] into int64 [M]")
     if use_triton(x):
         from .triton_quant import small_m_linear_triton
-        return small_m_linear_triton(x, weight, scale, bias, config, glu, out_dtype, norm, residual, greedy, gelu)
-    y = _reference(x, weight, scale, bias, glu, out_dtype, norm, residual)
+        return small_m_linear_triton(x, weight, scale, bias, config, glu, out_dtype, norm, residual, greedy, gelu,
+                                     centre, sums)
+    y = _reference(x, weight, scale, bias, glu, out_dtype, norm, residual, centre, sums)
     if gelu:
         from .activation import gelu_tanh_ref
         y = gelu_tanh_ref(y)
@@ -328,17 +348,18 @@ def ring_available(x: torch.Tensor) -> bool:
 
 def ring_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 config: dict | None = None, glu: bool = False, out_dtype: torch.dtype | None = None,
-                norm: RowNorm | None = None, residual: torch.Tensor | None = None):
+                norm: RowNorm | None = None, residual: torch.Tensor | None = None,
+                centre: torch.Tensor | None = None, sums: bool = False):
     """y = x @ W.T [+ bias] for 1..64 rows of x, bf16 or fp16 weights of x's dtype, by the ring GEMM
     (gluon_ring.py: weights streamed before the PDL wait by a producer warp); with `glu`, W is the
     fused [gate; up] projection and y = silu(gate) * up. The reference off Hopper or without Gluon.
-    `norm` and `residual`: the fold, as small_m_linear's."""
+    `norm`, `residual`, `centre` and `sums`: the fold, as small_m_linear's."""
     _check_glu(weight, glu, out_dtype)
-    _check_fold(glu, out_dtype, residual)
+    _check_fold(glu, out_dtype, residual, norm, centre, weight.shape[0], sums)
     config = ring_config(config)  # a bad table entry fails the same way on every device ...
     n, k = weight.shape
     plan = ring_plan(config, n // 2 if glu else n, k, glu, 2, sm_count(x))  # ... as does one that cannot fit
     if ring_available(x):  # operands it cannot take are a ValueError naming why (ring_fits: 16-bit only)
         from .gluon_ring import ring_linear_gluon
-        return ring_linear_gluon(x, weight, bias, config, plan, glu, out_dtype, norm, residual)
-    return _reference(x, weight, None, bias, glu, out_dtype, norm, residual)
+        return ring_linear_gluon(x, weight, bias, config, plan, glu, out_dtype, norm, residual, centre, sums)
+    return _reference(x, weight, None, bias, glu, out_dtype, norm, residual, centre, sums)

@@ -82,14 +82,14 @@ def multiply_tiles(x, w, u, acc, acc_up, FP8: tl.constexpr, GLU: tl.constexpr, D
 @triton.jit
 def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
                         stride_xm, stride_wn, stride_om, ss_in_ptr, ss_parts, eps, res_ptr, stride_res, ss_out_ptr,
-                        best_ptr, first_ptr, greedy_cols, store_ptr, trace_ptr,
+                        centre_ptr, best_ptr, first_ptr, greedy_cols, store_ptr, trace_ptr,
                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, FP8: tl.constexpr, EVEN_K: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, GLU: tl.constexpr,
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, AHEAD: tl.constexpr, LATE: tl.constexpr,
                         LINE: tl.constexpr, TMA: tl.constexpr, ROW_NORM: tl.constexpr, PARTS_P2: tl.constexpr,
                         RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr, GATE_STORE: tl.constexpr, GELU: tl.constexpr,
-                        TRACE: tl.constexpr, USE_PDL: tl.constexpr):
+                        CENTRED: tl.constexpr, SUMS: tl.constexpr, TRACE: tl.constexpr, USE_PDL: tl.constexpr):
     """GLU: w is the fused [gate; up] projection [2N, K]; the program's tile is BLOCK_N gate rows
     and the BLOCK_N up rows N below them, and it writes silu(gate) * up [M, N]. GELU: it writes
     gelu_tanh(the product + bias) (GPT-J's and GPT-2's up projection). TMA: the loop's
@@ -100,8 +100,11 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
 
     ROW_NORM: x is a stream whose rows an RMSNorm (weight folded into w) would scale: the
     epilogue multiplies each row by 1 / rms from the partial sums of squares [ss_parts, M] at
-    ss_in_ptr (read right after the PDL wait). RESIDUAL: the output is the stream's next value,
-    res + this product, with this tile's partial sums of squares at ss_out_ptr [N tiles, M].
+    ss_in_ptr (read right after the PDL wait); CENTRED: the norm is a LayerNorm, whose rows' partial
+    sums follow the squares' ss_parts rows, and the epilogue first takes each row's mean times
+    centre_ptr[n] (weight row n's sum) off the product. RESIDUAL: the output is the stream's next
+    value, res + this product, with this tile's partial sums of squares at ss_out_ptr [N tiles, M]
+    (SUMS: and its sums N tiles rows after them, for a LayerNorm after).
     ARGMAX (a head's logits): each row's first maximum among this tile's columns below
     greedy_cols, its value at best_ptr and its column at first_ptr [M, N tiles], for
     triton_argmax's pick kernel (greedy sampling without a pass over the logits). GATE_STORE (with
@@ -128,9 +131,11 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
     trace_stamp(trace_ptr, program, T_WAITED, TRACE)
     # The fold's operands, requested now and first read in the epilogue, so that the loop never
     # waits for them (1 / rms itself is computed there too: a sum here would wait for the loads).
-    ss, res = 0.0, 0.0  # unused unless ROW_NORM, RESIDUAL
+    ss, sums, res = 0.0, 0.0, 0.0  # unused unless ROW_NORM, CENTRED, RESIDUAL
     if ROW_NORM:
         ss = load_partials(ss_in_ptr, ss_parts, offs_m, M, PARTS_P2)
+        if CENTRED:
+            sums = load_partials(ss_in_ptr + ss_parts * M, ss_parts, offs_m, M, PARTS_P2)
     if RESIDUAL:
         res = tl.load(res_ptr + offs_m[:, None].to(tl.int64) * stride_res + offs_n[None, :],
                       mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0)
@@ -176,33 +181,40 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
                     acc_up += tl.load(part_ptr + (s * PARTS + 1) * M * N + tile_offs, mask=out_mask, other=0.0,
                                       cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + tile, 0)
-            _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr, greedy_cols,
-                 store_ptr, pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM,
-                 RESIDUAL, ARGMAX, GATE_STORE, GELU)
+            _end(acc, acc_up, ss, sums, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, centre_ptr, best_ptr, first_ptr,
+                 greedy_cols, store_ptr, pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU,
+                 ROW_NORM, RESIDUAL, ARGMAX, GATE_STORE, GELU, CENTRED, SUMS)
     else:
-        _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr, greedy_cols,
-             store_ptr, pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU, ROW_NORM, RESIDUAL,
-             ARGMAX, GATE_STORE, GELU)
+        _end(acc, acc_up, ss, sums, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, centre_ptr, best_ptr, first_ptr,
+             greedy_cols, store_ptr, pid_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE, HAS_BIAS, GLU,
+             ROW_NORM, RESIDUAL, ARGMAX, GATE_STORE, GELU, CENTRED, SUMS)
     trace_stamp(trace_ptr, program, T_EXIT, TRACE)
 
 
 @triton.jit
-def _end(acc, acc_up, ss, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, best_ptr, first_ptr, greedy_cols,
-         store_ptr, tile_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-         GLU: tl.constexpr, ROW_NORM: tl.constexpr, RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr,
-         GATE_STORE: tl.constexpr, GELU: tl.constexpr):
-    """The split-K kernel's epilogue: the row norm's scale (a row factor, so it goes before the
-    bias like the channel scale), then the plain store or the residual's, then the tile's argmax
-    (of the values the store rounds to, whether or not GATE_STORE skips the store)."""
+def _end(acc, acc_up, ss, sums, res, scale_ptr, bias_ptr, out_ptr, ss_out_ptr, centre_ptr, best_ptr, first_ptr,
+         greedy_cols, store_ptr, tile_n, offs_m, offs_n, M, N, K, eps, stride_om, HAS_SCALE: tl.constexpr,
+         HAS_BIAS: tl.constexpr, GLU: tl.constexpr, ROW_NORM: tl.constexpr, RESIDUAL: tl.constexpr,
+         ARGMAX: tl.constexpr, GATE_STORE: tl.constexpr, GELU: tl.constexpr, CENTRED: tl.constexpr,
+         SUMS: tl.constexpr):
+    """The split-K kernel's epilogue: the row norm's centring and scale (row factors, so they go
+    before the bias like the channel scale), then the plain store or the residual's, then the
+    tile's argmax (of the values the store rounds to, whether or not GATE_STORE skips the store)."""
     if ROW_NORM:
-        rstd = row_rstd(ss, K, eps)
+        if CENTRED:
+            mean, rstd = row_moments(ss, sums, K, eps)
+            acc = centre_rows(acc, mean, centre_ptr, offs_n, N)
+            if GLU:
+                acc_up = centre_rows(acc_up, mean, centre_ptr + N, offs_n, N)
+        else:
+            rstd = row_rstd(ss, K, eps)
         acc = acc * rstd[:, None]
         if GLU:
             acc_up = acc_up * rstd[:, None]
     if RESIDUAL:
         y = finish(acc, acc_up, scale_ptr, bias_ptr, offs_n, N, out_ptr.dtype.element_ty, HAS_SCALE, HAS_BIAS, GLU,
                    GELU)
-        residual_epilogue(y, res, out_ptr, ss_out_ptr, tile_n, offs_m, offs_n, M, N, stride_om)
+        residual_epilogue(y, res, out_ptr, ss_out_ptr, tile_n, offs_m, offs_n, M, N, stride_om, SUMS)
     else:
         keep = True
         if GATE_STORE:
@@ -282,16 +294,36 @@ def row_rstd(ss, K, eps):
 
 
 @triton.jit
-def residual_epilogue(y, res, out_ptr, ss_ptr, tile_n, offs_m, offs_n, M, N, stride_om):
+def row_moments(ss, sums, K, eps):
+    """Each row's mean and 1 / std (E[x^2] - mean^2, floored at 0) of a stream K wide, from
+    load_partials' tiles of its squares and sums: a LayerNorm's."""
+    mean = tl.sum(sums, axis=0) / K
+    var = tl.maximum(tl.sum(ss, axis=0) / K - mean * mean, 0.0)
+    return mean, 1.0 / tl.sqrt(var + eps)
+
+
+@triton.jit
+def centre_rows(acc, mean, centre_ptr, offs_n, N):
+    """acc - mean (a row's) * centre (a weight row's sum): the product of the centred rows, as the
+    sums of W x - mean * W 1."""
+    c = tl.load(centre_ptr + offs_n, mask=offs_n < N, other=0.0)
+    return acc - mean[:, None] * c[None, :]
+
+
+@triton.jit
+def residual_epilogue(y, res, out_ptr, ss_ptr, tile_n, offs_m, offs_n, M, N, stride_om, SUMS: tl.constexpr = False):
     """The stream's next value: out = y (rounded to out's dtype) + res, rounded again, as the
     unfused path's norm kernel adds; and this tile's share of each row's sum of squares of it,
-    to ss[tile_n, offs_m], which the next product's `row_rstd` sums."""
+    to ss[tile_n, offs_m], which the next product's `row_rstd` sums (SUMS: and of its sum, to
+    ss[tiles + tile_n, offs_m], for `row_moments`)."""
     dtype = out_ptr.dtype.element_ty
     mask = (offs_m[:, None] < M) & (offs_n < N)[None, :]
     s = (y.to(dtype).to(tl.float32) + res.to(tl.float32)).to(dtype)
     tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :], s, mask=mask)
     sf = tl.where(mask, s.to(tl.float32), 0.0)
     tl.store(ss_ptr + tile_n * M + offs_m, tl.sum(sf * sf, axis=1), mask=offs_m < M)
+    if SUMS:
+        tl.store(ss_ptr + (tl.num_programs(0) + tile_n) * M + offs_m, tl.sum(sf, axis=1), mask=offs_m < M)
 
 
 SMALL_M_MAX = 64  # above this the product is compute-bound: dequantise once and use cuBLAS
@@ -350,7 +382,8 @@ def quantized_linear_triton(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Ten
 def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
                           bias: torch.Tensor | None = None, config: dict | None = None,
                           glu: bool = False, out_dtype: torch.dtype | None = None, norm=None,
-                          residual: torch.Tensor | None = None, greedy=None, gelu: bool = False):
+                          residual: torch.Tensor | None = None, greedy=None, gelu: bool = False,
+                          centre: torch.Tensor | None = None, sums: bool = False):
     """`w` [N, K] is int8 or fp8 with `scale`, or x's dtype with scale None (then `config` is
     required: the caller chose this kernel over cuBLAS by timing it). With `glu`, w is the fused
     [gate; up] projection [2N, K] and the output silu(gate) * up [.., N]; the tile holds
@@ -363,7 +396,7 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     (the stream's next value, its partial sums of squares [N tiles, M]). `greedy` (a
     quant.GreedyIds): each row's argmax, from the epilogue's per-tile maxima and a pick kernel (and
     the logits stored only where its `store` says so). `gelu`: the output is gelu_tanh(the product
-    + bias), in the epilogue."""
+    + bias), in the epilogue. `centre` and `sums`: a LayerNorm's fold (quant.small_m_linear)."""
     assert out_dtype is None or not glu, "SwiGLU's output is x's dtype"
     from ._dispatch import sm_count
     N, K = w.shape
@@ -392,7 +425,8 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     cfg.setdefault("LATE", 0)
     out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0:
-        return out.view(*x.shape[:-1], N) if residual is None else (out, out.new_zeros((1, 0), dtype=torch.float32))
+        return out.view(*x.shape[:-1], N) if residual is None else (out, out.new_zeros((2, 1, 0) if sums else (1, 0),
+                                                                                       dtype=torch.float32))
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, block_m), split_k)
     if greedy is not None:  # [M, N tiles] each
         best = torch.empty((M, grid[0]), dtype=torch.float32, device=x.device)
@@ -400,7 +434,7 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
     else:
         best, first = out, out  # unused
     store = greedy.store if greedy is not None and greedy.store is not None else out  # out: no gate
-    fold = FoldArgs(out, grid[0], M, norm, residual)
+    fold = FoldArgs(out, grid[0], M, norm, residual, centre, sums)
     if split_k > 1:
         part = torch.empty((split_k, 2 if glu else 1, M, N), dtype=torch.float32, device=x.device)
         counters = _tile_counters(x.device, grid[0] * grid[1])
@@ -418,7 +452,7 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
                               best, first, greedy.cols if greedy is not None else 0, store, trace_ptr,
                               TRACE=traced, ARGMAX=greedy is not None, GATE_STORE=store is not out, GELU=gelu,
                               ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2, RESIDUAL=residual is not None,
-                              HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8,
+                              CENTRED=fold.centred, SUMS=fold.sums, HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8,
                               EVEN_K=K % cfg["BLOCK_K"] == 0,
                               DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GLU=glu,
                               SPLIT_K=split_k, BLOCK_M=block_m, TMA=x_desc is not x2,
@@ -427,28 +461,36 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
         from .triton_argmax import pick_rows
         pick_rows(best, first, greedy.out)
     if residual is not None:
-        return out, fold.sum_squares
+        return out, fold.partials
     return out.view(*x.shape[:-1], N)
 
 
 class FoldArgs:
     """The fold's kernel arguments, shared by the split-K and ring launchers: (ss_in, parts, eps,
-    residual, its row stride, ss_out), with `out` standing in for what is absent; `sum_squares`
-    the [tiles, M] fp32 partials a residual product writes; `parts_p2` the power of two that
-    holds norm's partials (row_rstd loads them in one tile)."""
+    residual, its row stride, ss_out, centre), with `out` standing in for what is absent;
+    `partials` the [tiles, M] fp32 partial sums of squares a residual product writes ([2, tiles,
+    M] with `sums`: the sums after them); `parts_p2` the power of two that holds norm's partials
+    (row_rstd loads them in one tile); `centred` and `sums` the kernels' CENTRED and SUMS: a
+    LayerNorm's norm to centre by `centre`, and the sums to leave (the input's sums, when
+    centred, lie `parts` rows after its squares)."""
 
-    def __init__(self, out: torch.Tensor, tiles: int, M: int, norm, residual: torch.Tensor | None) -> None:
+    def __init__(self, out: torch.Tensor, tiles: int, M: int, norm, residual: torch.Tensor | None,
+                 centre: torch.Tensor | None = None, sums: bool = False) -> None:
         from ._dispatch import next_pow2
-        self.sum_squares = None
+        self.partials = None
+        self.centred, self.sums = norm is not None and norm.sums is not None, sums
         ss_in, parts, eps, res, stride_res, ss_out = out, 1, 0.0, out, 0, out
         if norm is not None:
             ss_in, parts, eps = norm.sum_squares, norm.sum_squares.shape[0], norm.eps
             assert norm.sum_squares.shape[1] == M and norm.sum_squares.is_contiguous(), "partials [parts, M]"
+            if self.centred and norm.sums.data_ptr() != ss_in.data_ptr() + ss_in.numel() * ss_in.element_size():
+                ss_in = torch.stack([norm.sum_squares, norm.sums])  # not one product's [2, parts, M]
         if residual is not None:
             res = residual.reshape(M, -1)
             assert res.shape == out.shape and res.stride(-1) == 1 and res.dtype == out.dtype, \
                 "the residual is the output's shape and dtype, its rows contiguous"
             stride_res = res.stride(0)
-            self.sum_squares = ss_out = torch.empty((tiles, M), dtype=torch.float32, device=out.device)
-        self.args = (ss_in, parts, eps, res, stride_res, ss_out)
+            shape = (2, tiles, M) if sums else (tiles, M)
+            self.partials = ss_out = torch.empty(shape, dtype=torch.float32, device=out.device)
+        self.args = (ss_in, parts, eps, res, stride_res, ss_out, centre if self.centred else out)
         self.parts_p2 = next_pow2(parts)

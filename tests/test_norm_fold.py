@@ -1,5 +1,6 @@
-"""The RMSNorm fold (model/transformer.py): each Llama-style layer's norm weights go into the
-products after them, and at decode batches the norms become row scales and residual adds in the
+"""The norm folds (model/transformer.py): each Llama-style layer's RMSNorm weights, and each
+GPT-J-style layer's LayerNorm weight and bias, go into the products after them, and at decode
+batches the norms become row factors (and a LayerNorm's centring) and residual adds in the
 products' epilogues. On the CPU the products' references compute the fold, so the layer's
 arithmetic is checked here against the plain path on the same weights; the kernels' epilogues
 are checked against the same references on the GPU (tests/kernels)."""
@@ -124,17 +125,80 @@ def test_rows_that_do_not_all_sample_take_the_plain_head(monkeypatch):
     torch.testing.assert_close(some, every[[1, 3]], rtol=1e-4, atol=1e-4)
 
 
-def test_gptj_parallel_residual_adds_in_downs_epilogue(monkeypatch):
-    """GPT-J at decode rows where down's kernel takes the residual add: down's epilogue adds
-    attention's output and down's bias (no add kernels), and the up projection's epilogue its
-    GELU; the logits are the plain path's (down's product accumulating onto attention's output,
-    o's carrying down's bias, the activation after the up product)."""
+def _gptj() -> tuple[StageModel, ModelConfig]:
     from shardline.model.random_weights import GPTJ_SMALL
-    from shardline.model.layers import Linear
     cfg = ModelConfig(**GPTJ_SMALL)
     weights = random_stage_weights(random_manifest(cfg, "fp32"), 0, 0, "cpu", seed=4)
-    model = StageModel(cfg, single_rank(), weights, 0, cfg.num_layers, True, True)
+    gen = torch.Generator().manual_seed(6)
+    for name in list(weights):
+        if "norm.weight" in name:  # away from 1 and 0, so that the fold matters
+            weights[name] = torch.rand(weights[name].shape, generator=gen) + 0.5
+        elif "norm.bias" in name:
+            weights[name] = torch.randn(weights[name].shape, generator=gen) * 0.3
+    return StageModel(cfg, single_rank(), weights, 0, cfg.num_layers, True, True), cfg
+
+
+def test_fold_layer_norm_moves_weight_and_bias_into_the_products():
+    """W (g * x_hat + b) + c = (W * g) x_hat + (W b + c): the norm keeps ones and zeros."""
+    w = {"n.weight": torch.tensor([1.0, 2.0, 0.5]), "n.bias": torch.tensor([0.5, -1.0, 2.0]),
+         "a.weight": torch.ones(2, 3), "b.weight": torch.eye(3), "b.bias": torch.tensor([1.0, 0.0, 0.0])}
+    x_hat = torch.tensor([0.3, -0.7, 1.1])
+    want = {lin: torch.nn.functional.linear(x_hat * w["n.weight"] + w["n.bias"], w[f"{lin}.weight"], w.get(f"{lin}.bias"))
+            for lin in ("a", "b")}
+    transformer.fold_layer_norm(w, "n", ("a", "b"))
+    assert torch.equal(w["n.weight"], torch.ones(3)) and torch.equal(w["n.bias"], torch.zeros(3))
+    for lin in ("a", "b"):
+        torch.testing.assert_close(torch.nn.functional.linear(x_hat, w[f"{lin}.weight"], w[f"{lin}.bias"]), want[lin])
+    before = dict(w)
+    transformer.fold_layer_norm(w, "n", ("a", "b"))  # folded already: nothing more
+    assert all(w[k] is before[k] for k in w)
+
+
+def test_gptj_folded_decode_step_matches_the_plain_path(monkeypatch):
+    """GPT-J's decode rows through the folded layers: after the first layer (whose norm kernel
+    runs: the embedding leaves no sums), each layer takes the stream and its LayerNorm's sums and
+    squares from the one before, its qkv and up products centre and scale the rows, o and down
+    add the residual; no other norm kernel runs but the final one. The logits are the plain
+    path's on the same folded weights, and those of the weights before folding."""
+    model, cfg = _gptj()
+    layers = model.layers
+    assert all(layer.folded_parallel and not layer.folded for layer in layers) and not model.head_folded
+    assert all(torch.equal(l.input_norm.bias, torch.zeros_like(l.input_norm.bias)) for l in layers)
+    ids, meta, caches = _decode_step(cfg, 5, 24)
+    norms, folds = [], []
+    real_norm, real_fold = transformer.Norm.__call__, transformer.Linear.fold
+    monkeypatch.setattr(transformer.Norm, "__call__", lambda self, *a: norms.append(self) or real_norm(self, *a))
+    monkeypatch.setattr(transformer.Linear, "fold", lambda self, *a, **kw: folds.append((self, "norm" in kw)) or
+                        real_fold(self, *a, **kw))
+    with torch.inference_mode():
+        folded = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
+    assert norms == [layers[0].input_norm, model.norm]
+    want = [(layers[0].o_proj, False), (layers[0].down_proj, False)]
+    for layer in layers[1:]:
+        want += [(layer.qkv_proj, True), (layer.o_proj, False), (layer.up_proj, True), (layer.down_proj, False)]
+    assert folds == want
+    monkeypatch.setattr(DecoderLayer, "folds", lambda self, h: False)
+    with torch.inference_mode():
+        plain = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
+    torch.testing.assert_close(folded, plain, rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(transformer, "fold_layer_norm", lambda *a: None)
+    unfolded, _ = _gptj()
+    assert not any(torch.equal(l.input_norm.bias, torch.zeros_like(l.input_norm.bias)) for l in unfolded.layers)
+    with torch.inference_mode():
+        before = unfolded.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
+    torch.testing.assert_close(before, plain, rtol=1e-4, atol=1e-4)
+
+
+def test_gptj_parallel_residual_adds_in_downs_epilogue(monkeypatch):
+    """GPT-J at decode rows where its layers do not fold (SHARDLINE_FOLD_NORMS=0, or a product on
+    cuBLAS) but down's kernel takes the residual add: down's epilogue adds attention's output and
+    down's bias (no add kernels), and the up projection's epilogue its GELU; the logits are the
+    plain path's (down's product accumulating onto attention's output, o's carrying down's bias,
+    the activation after the up product)."""
+    from shardline.model.layers import Linear
+    model, cfg = _gptj()
     assert model.layers[0].post_attention_norm is None and model.layers[0].down_proj.bias is not None
+    monkeypatch.setattr(DecoderLayer, "folds", lambda self, h: False)
     ids, meta, caches = _decode_step(cfg, 5, 24)
     folds = []
     real_fold = Linear.fold

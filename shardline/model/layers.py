@@ -22,6 +22,7 @@ class Linear:
                  scale: torch.Tensor | None = None) -> None:
         self.weight, self.bias, self.scale = weight, bias, scale
         self.gemms = None  # a GemmTable from `shardline tune-gemm`, when loaded
+        self.centre = None  # fp32 [out], each weight row's sum, where a LayerNorm folds in (fold_layer_norm)
 
     def _choice(self, x: torch.Tensor) -> dict | None:
         if self.gemms is None:
@@ -102,22 +103,27 @@ class Linear:
         return choice["impl"] in ("triton", "ring")
 
     def fold(self, x: torch.Tensor, norm: RowNorm | None = None, residual: torch.Tensor | None = None,
-             glu: bool = False, out_dtype: torch.dtype | None = None, greedy: quant.GreedyIds | None = None):
-        """The product with the RMSNorm before it and the residual add after it in its epilogue
+             glu: bool = False, out_dtype: torch.dtype | None = None, greedy: quant.GreedyIds | None = None,
+             gelu: bool = False, sums: bool = False):
+        """The product with the norm before it and the residual add after it in its epilogue
         (where `folds(x)`): x's rows scale by `norm`'s 1 / rms (the norm's weight is folded into
-        this weight); with `residual`, returns (residual + the product, its partial sums of
-        squares), the stream and the next product's RowNorm. `out_dtype` as in `__call__`.
-        `greedy`: each row's argmax of the result too, from the split-K kernel's epilogue (else
-        by argmax_rows after the ring's)."""
+        this weight), and a LayerNorm's rows are centred too (by `centre`; its bias is in this
+        product's); with `residual`, returns (residual + the product, its partial sums of
+        squares, and with `sums` of its values: [2, tiles, M]), the stream and the next product's
+        RowNorm (RowNorm.of). `out_dtype` as in `__call__`. `greedy`: each row's argmax of the
+        result too, from the split-K kernel's epilogue (else by argmax_rows after the ring's).
+        `gelu`: gelu_tanh of the result, in the split-K kernel's epilogue (after the ring's, a
+        kernel)."""
         choice = self._choice(x)
         if choice is not None and choice["impl"] == "ring":
             y = quant.ring_linear(x, self.weight, self.bias, choice["config"], glu=glu, out_dtype=out_dtype,
-                                  norm=norm, residual=residual)
+                                  norm=norm, residual=residual, centre=self.centre, sums=sums)
             if greedy is not None:
                 greedy.take(y)
-            return y
+            return activation.gelu_tanh(y) if gelu else y
         return quant.small_m_linear(x, self.weight, self.scale, self.bias, choice and choice["config"], glu=glu,
-                                    out_dtype=out_dtype, norm=norm, residual=residual, greedy=greedy)
+                                    out_dtype=out_dtype, norm=norm, residual=residual, greedy=greedy, gelu=gelu,
+                                    centre=self.centre, sums=sums)
 
     def fused(self, x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
               residual: torch.Tensor | None = None, glu: bool = False, norm_bias: torch.Tensor | None = None,

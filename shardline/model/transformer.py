@@ -72,6 +72,23 @@ def fold_norm_weight(w: dict[str, torch.Tensor], norm_name: str, linear_name: st
         w[norm_name] = torch.ones_like(g)
 
 
+def fold_layer_norm(w: dict[str, torch.Tensor], norm_prefix: str, linear_prefixes: tuple[str, ...]) -> None:
+    """LayerNorm(x) = g * x_hat + b before products W: W (g * x_hat + b) = (W * g) x_hat + W b, so
+    the norm's weight goes into the columns of each product after it (as fold_norm_weight's) and
+    its bias into each product's bias (W b in fp32 from the weight before folding, rounded once),
+    and the norm keeps a weight of ones and a bias of zeros. Replaces the entries of `w`, not the
+    tensors."""
+    g, b = w[f"{norm_prefix}.weight"], w[f"{norm_prefix}.bias"]
+    if bool((g == 1).all()) and not bool(b.any()):
+        return
+    for lin in linear_prefixes:
+        weight, bias = w[f"{lin}.weight"], w.get(f"{lin}.bias")
+        folded_bias = weight.float() @ b.float() + (0.0 if bias is None else bias.float())
+        w[f"{lin}.bias"] = folded_bias.to(weight.dtype)
+        w[f"{lin}.weight"] = weight * g
+    w[f"{norm_prefix}.weight"], w[f"{norm_prefix}.bias"] = torch.ones_like(g), torch.zeros_like(b)
+
+
 def kv_scales(w: dict[str, torch.Tensor], prefix: str) -> attention.KVScales:
     """The layer's fp8 KV-cache scales (`{prefix}k_scale` and `v_scale`, from a checkpoint that has
     them: docs/shard-format.md), else 1."""
@@ -106,6 +123,14 @@ class DecoderLayer:
         if self.folded:
             fold_norm_weight(w, f"{prefix}input_norm.weight", f"{prefix}qkv_proj.weight")
             fold_norm_weight(w, f"{prefix}post_attention_norm.weight", f"{prefix}gate_up_proj.weight")
+        # GPT-J-style layers (one LayerNorm with a bias before both qkv and up, a parallel
+        # residual, GELU) fold it into both products the same way, its bias into theirs, and at a
+        # batch of decode rows centre the rows there too (`_decode_folded_parallel`).
+        self.folded_parallel = (cfg.norm == "layer" and cfg.parallel_residual and cfg.activation == "gelu_tanh"
+                                and f"{prefix}input_norm.bias" in w
+                                and not any(f"{prefix}{lin}.weight_scale" in w for lin in ("qkv_proj", "up_proj")))
+        if self.folded_parallel:
+            fold_layer_norm(w, f"{prefix}input_norm", (f"{prefix}qkv_proj", f"{prefix}up_proj"))
 
         def linear(name: str) -> Linear:
             return Linear(w[f"{prefix}{name}.weight"], w.get(f"{prefix}{name}.bias"),
@@ -125,6 +150,9 @@ class DecoderLayer:
         self.is_glu = cfg.activation == "silu_glu"
         self.up_proj = linear("gate_up_proj" if self.is_glu else "up_proj")
         self.down_proj = linear("down_proj")
+        if self.folded_parallel:  # the mean's share of each output: W (x - mean) = W x - mean * W 1
+            for lin in (self.qkv_proj, self.up_proj):
+                lin.centre = lin.weight.float().sum(1)
         # At one decode row, each norm runs inside the GEMV after it and the activation in the up
         # GEMV's epilogue (`_decode`): RMSNorm without a bias or LayerNorm with one, SwiGLU or GELU.
         # A parallel residual (GPT-J) also has down's GEMV add attention's output, so o must have
@@ -198,10 +226,10 @@ class DecoderLayer:
         return self._reduce(self.down_proj(act, add_bias=False), self.down_proj.bias), residual
 
     def folds(self, h: torch.Tensor) -> bool:
-        """This layer runs `_decode_folded` at h's rows: its weights hold the norms' (one rank:
-        the residual adds need the whole sums, which TP's all-reduces would split) and every
-        product chosen for these rows takes the fold in its epilogue."""
-        return (_dispatch.FOLD_NORMS and self.folded and self.tp.size == 1
+        """This layer runs `_decode_folded` (`_decode_folded_parallel`) at h's rows: its weights
+        hold the norms' (one rank: the residual adds need the whole sums, which TP's all-reduces
+        would split) and every product chosen for these rows takes the fold in its epilogue."""
+        return (_dispatch.FOLD_NORMS and (self.folded or self.folded_parallel) and self.tp.size == 1
                 and all(lin.folds(h) for lin in (self.qkv_proj, self.o_proj, self.up_proj, self.down_proj)))
 
     def _decode_folded(self, h: torch.Tensor, residual: torch.Tensor | RowNorm | None, meta: StepMetadata,
@@ -221,6 +249,25 @@ class DecoderLayer:
         stream, sum_squares = self.down_proj.fold(act, residual=stream)
         return stream, RowNorm(sum_squares, self.input_norm.eps)
 
+    def _decode_folded_parallel(self, h: torch.Tensor, residual: torch.Tensor | RowNorm | None,
+                                meta: StepMetadata, k_cache: torch.Tensor,
+                                v_cache: torch.Tensor) -> tuple[torch.Tensor, RowNorm]:
+        """GPT-J's layer with no norm kernel: qkv and up read the stream itself and centre and
+        scale its rows in their epilogues (the LayerNorm's mean and 1 / std from the sums and
+        squares the layer before left); o adds the stream to attention's output in its epilogue,
+        and down that to its own (and its bias), leaving the next stream's sums and squares. The
+        first layer (no RowNorm) runs the norm's kernel and the plain products."""
+        if isinstance(residual, RowNorm):
+            stream, qkv = h, self.qkv_proj.fold(h, norm=residual)
+        else:
+            x, summed = self.input_norm(h, residual)
+            stream, qkv = (h if residual is None else summed), self.qkv_proj(x)
+        stream_attn, _ = self.o_proj.fold(self._heads(qkv, meta, k_cache, v_cache), residual=stream)
+        act = (self.up_proj.fold(h, norm=residual, gelu=True) if isinstance(residual, RowNorm)
+               else self.up_proj.gelu(x))
+        stream, partials = self.down_proj.fold(act, residual=stream_attn, sums=True)
+        return stream, RowNorm.of(partials, self.input_norm.eps)
+
     def _reduce(self, partial: torch.Tensor, *biases: torch.Tensor | None) -> torch.Tensor:
         out = self.tp.all_reduce(partial)
         for b in biases:
@@ -233,7 +280,8 @@ class DecoderLayer:
         """(h, residual) -> (h', residual'): the stream is h + residual; norms fuse the add. A
         RowNorm for residual: h is the whole stream, and these are its rows' statistics."""
         if self.folds(h):
-            return self._decode_folded(h, residual, meta, k_cache, v_cache)
+            fold = self._decode_folded_parallel if self.folded_parallel else self._decode_folded
+            return fold(h, residual, meta, k_cache, v_cache)
         if isinstance(residual, RowNorm):
             residual = None
         if self.fuse_decode and self.qkv_proj.uses_gemv(h):

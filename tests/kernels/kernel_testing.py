@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from shardline.kernels.norm import RowNorm
+
 # ||out - ref|| / ||ref|| allowed for a Triton kernel vs its reference, by dtype.
 REL_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
@@ -94,3 +96,24 @@ def assert_graph_replays_deterministic(fn, x: torch.Tensor, reference, what: str
     graph.replay()
     torch.cuda.synchronize()
     assert_close(out, reference(x), f"{what} replayed on new input")
+
+
+def fold_problem(M, N, K, dtype, device, parts=5, layer_norm=False):
+    """A stream s [M, K] with its sums of squares in `parts` partials, an RMSNorm weight g, a
+    weight W [N, K] and a residual [M, N]: the fold's operands and the unfused path's. With
+    `layer_norm`, the stream sits off zero and its RowNorm has the partial sums too, one [2,
+    parts, M] tensor as a residual product leaves them."""
+    s = torch.randn(M, K, device=device, dtype=dtype)
+    if layer_norm:
+        s = (s + torch.randn(M, 1, device=device, dtype=dtype)).to(dtype)
+    cuts = torch.linspace(0, K, parts + 1).long().tolist()
+    chunks = [s[:, a:b].float() for a, b in zip(cuts, cuts[1:])]
+    ss = torch.stack([c.pow(2).sum(-1) for c in chunks])
+    if layer_norm:
+        norm = RowNorm.of(torch.stack([ss, torch.stack([c.sum(-1) for c in chunks])]).contiguous(), 1e-5)
+    else:
+        norm = RowNorm(ss.contiguous(), 1e-5)
+    g = (torch.rand(K, device=device) + 0.5).to(dtype)
+    w = (torch.randn(N, K, device=device) * 0.05).to(dtype)
+    residual = torch.randn(M, N, device=device, dtype=dtype)
+    return s, norm, g, w, residual

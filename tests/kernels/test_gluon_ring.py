@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_testing import assert_close, assert_graph_replays_deterministic
+from kernel_testing import assert_close, assert_graph_replays_deterministic, fold_problem
 from shardline.kernels.quant import linear_ref, ring_config, ring_fits, ring_linear, ring_plan
 
 
@@ -132,21 +132,24 @@ def test_operands_it_cannot_take_are_a_clear_error(device):
 @pytest.mark.parametrize("config", [dict(BLOCK_N=64, BLOCK_K=128, STAGES=6, SPLIT_K=1),
                                     dict(BLOCK_N=64, BLOCK_K=64, STAGES=4, SPLIT_K=3),
                                     dict(SUB=16, BLOCK_K=64, STAGES=4)])
-@pytest.mark.parametrize("fold", ["norm", "residual", "both", "norm-glu"])
+@pytest.mark.parametrize("fold", ["norm", "residual", "both", "norm-glu", "ln", "ln-residual", "ln-glu"])
 def test_ring_epilogue_folds_the_norm_and_the_residual(device, M, config, fold):
     """The ring's ROW_NORM (1 / rms from the partial sums of squares, loaded by the consumers
     after the PDL wait) and RESIDUAL (the stream's next value and its tiles' sums of squares)
-    against the reference, tiled, K split and balanced, N = 200 no multiple of the tile."""
+    against the reference, tiled, K split and balanced, N = 200 no multiple of the tile; `ln-*`
+    a LayerNorm's (CENTRED, SUMS), as GPT-J's products run them."""
     _skip_unless_hopper(device)
-    from shardline.kernels.norm import RowNorm
     from shardline.kernels.quant import _reference
     N, K, dtype = 200, 1024, torch.bfloat16
-    s = torch.randn(M, K, device=device, dtype=dtype)
-    norm = RowNorm(torch.stack([c.float().pow(2).sum(-1) for c in s.chunk(7, dim=1)]).contiguous(), 1e-5)
-    glu = fold == "norm-glu"
-    w = (torch.randn(2 * N if glu else N, K, device=device) * 0.05).to(dtype)
-    residual = torch.randn(M, N, device=device, dtype=dtype)
-    kw = dict(norm=norm if fold != "residual" else None, residual=residual if fold in ("residual", "both") else None)
+    ln = fold.startswith("ln")
+    s, norm, _, w, residual = fold_problem(M, N, K, dtype, device, parts=7, layer_norm=ln)
+    glu = fold.endswith("glu")
+    if glu:
+        w = torch.cat([w, w.flip(0)])
+    with_norm, with_residual = not fold.endswith("residual"), fold.endswith(("residual", "both"))
+    kw = dict(norm=norm if with_norm else None, residual=residual if with_residual else None)
+    if ln:
+        kw |= dict(centre=w.float().sum(1) if with_norm else None, sums=with_residual)
     want = _reference(s, w, None, None, glu, None, **kw)
     for attempt in range(2):
         got = ring_linear(s, w, None, config, glu=glu, **kw)
@@ -154,7 +157,8 @@ def test_ring_epilogue_folds_the_norm_and_the_residual(device, M, config, fold):
             assert_close(got, want, f"ring {config} {fold}, call {attempt + 1}")
         else:
             assert_close(got[0], want[0], f"ring {config} {fold} stream, call {attempt + 1}")
-            assert_close(got[1].sum(0), want[1].sum(0), f"ring {config} {fold} sums of squares", tol=1e-4)
+            assert got[1].shape[:-2] == ((2,) if ln else ())
+            assert_close(got[1].sum(-2), want[1].sum(-2), f"ring {config} {fold} sums (of squares)", tol=1e-4)
 
 
 def test_cpu_fold_returns_the_stream_and_its_sums_of_squares():
@@ -164,3 +168,8 @@ def test_cpu_fold_returns_the_stream_and_its_sums_of_squares():
     want = s / s.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt() @ w.T + residual
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ss[0], out.pow(2).sum(-1))
+    norm = RowNorm.of(torch.stack([s.pow(2).sum(-1)[None], s.sum(-1)[None]]), 1e-5)
+    out, partials = ring_linear(s, w, None, residual=residual, norm=norm, centre=w.sum(1), sums=True)
+    want = torch.nn.functional.layer_norm(s, (64,), eps=1e-5) @ w.T + residual
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(partials[1, 0], out.sum(-1))

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_testing import assert_close, assert_graph_replays_deterministic, skip_interpreted_bf16_dot
+from kernel_testing import assert_close, assert_graph_replays_deterministic, fold_problem, skip_interpreted_bf16_dot
 from shardline.kernels import _dispatch
 from shardline.kernels.norm import RowNorm
 from shardline.kernels.quant import (linear_ref, quantize_fp8_ref, quantize_int8_ref, quantized_linear,
@@ -228,24 +228,12 @@ def test_outgrown_tile_counters_stay_allocated():
         triton_quant._outgrown[:] = saved[1]
 
 
-def _fold_problem(M, N, K, dtype, device, parts=5):
-    """A stream s [M, K] with its sums of squares in `parts` partials, an RMSNorm weight g, a
-    weight W [N, K] and a residual [M, N]: the fold's operands and the unfused path's."""
-    s = torch.randn(M, K, device=device, dtype=dtype)
-    cuts = torch.linspace(0, K, parts + 1).long().tolist()
-    ss = torch.stack([s[:, a:b].float().pow(2).sum(-1) for a, b in zip(cuts, cuts[1:])]).contiguous()
-    g = (torch.rand(K, device=device) + 0.5).to(dtype)
-    w = (torch.randn(N, K, device=device) * 0.05).to(dtype)
-    residual = torch.randn(M, N, device=device, dtype=dtype)
-    return s, RowNorm(ss, 1e-5), g, w, residual
-
-
 def test_fold_reference_is_the_norm_then_the_product_then_the_add():
     """The fold's algebra, on the CPU path every device shares: RMSNorm(s) * g @ W.T equals
     (s @ (W * g).T) / rms(s), and the residual product returns s' = product + residual with the
     sums of squares of s'."""
     from shardline.kernels.norm import rms_norm_ref
-    s, norm, g, w, residual = _fold_problem(6, 40, 96, torch.float64, "cpu")
+    s, norm, g, w, residual = fold_problem(6, 40, 96, torch.float64, "cpu")
     if _dispatch.use_triton(s):
         pytest.skip("TRITON_INTERPRET routes CPU tensors to Triton")
     normed, _ = rms_norm_ref(s, g, 1e-5)
@@ -258,35 +246,73 @@ def test_fold_reference_is_the_norm_then_the_product_then_the_add():
         small_m_linear(s, torch.cat([w, w]), None, None, {}, glu=True, residual=residual)
 
 
+def test_layer_norm_fold_reference_centres_the_rows():
+    """A LayerNorm's fold on the CPU path: (LayerNorm(s) * g + b) @ W.T equals
+    ((s @ (W * g).T) - mean(s) * rowsum(W * g)) / std(s) + W b, the mean and std from the sums
+    and squares a residual product leaves with `sums` ([2, tiles, M]); and the errors that name
+    what is missing."""
+    from shardline.kernels.norm import layer_norm_ref
+    s, norm, g, w, residual = fold_problem(6, 40, 96, torch.float64, "cpu", layer_norm=True)
+    if _dispatch.use_triton(s):
+        pytest.skip("TRITON_INTERPRET routes CPU tensors to Triton")
+    b = torch.randn(96, dtype=torch.float64)
+    normed, _ = layer_norm_ref(s, g, b, 1e-5)
+    wg = w * g
+    folded = small_m_linear(s, wg, None, w @ b, {}, norm=norm, centre=wg.float().sum(1))
+    torch.testing.assert_close(folded, normed @ w.T, rtol=1e-5, atol=1e-5)
+    out, partials = small_m_linear(normed, w, None, None, {}, residual=residual, sums=True)
+    assert partials.shape == (2, 1, 6)
+    torch.testing.assert_close(partials[0].sum(0), out.pow(2).sum(-1))
+    torch.testing.assert_close(partials[1].sum(0), out.sum(-1))
+    again = RowNorm.of(partials, 1e-5)
+    torch.testing.assert_close(again.rstd(40), 1 / (out.var(-1, unbiased=False) + 1e-5).sqrt())
+    with pytest.raises(ValueError, match="needs the product's centre"):
+        small_m_linear(s, wg, None, None, {}, norm=norm)
+    with pytest.raises(ValueError, match=r"centre must be fp32 \[40\]"):
+        small_m_linear(s, wg, None, None, {}, norm=norm, centre=torch.zeros(39))
+    with pytest.raises(ValueError, match="only with the residual add"):
+        small_m_linear(s, wg, None, None, {}, sums=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize("M,N,K", [(5, 200, 384), (64, 96, 512)])
-@pytest.mark.parametrize("fold", ["norm", "residual", "both", "norm-glu"])
+@pytest.mark.parametrize("fold", ["norm", "residual", "both", "norm-glu", "ln", "ln-residual", "ln-both", "ln-glu",
+                                  "ln-gelu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tma", [0, 1])
 def test_split_k_epilogue_folds_the_norm_and_the_residual(device, split_k, M, N, K, fold, dtype, tma):
     """The split-K kernel's ROW_NORM and RESIDUAL epilogues against the reference, whatever the
-    split (the last split's epilogue) and the producer's partial count (5 here, 64 in Llama)."""
+    split (the last split's epilogue) and the producer's partial count (5 here, 64 in Llama);
+    `ln-*`, a LayerNorm's (CENTRED: the rows centred by the weight's row sums; SUMS: the stream's
+    sums left after its squares), as GPT-J's qkv, up (with GELU) and down run them."""
     skip_interpreted_bf16_dot(device, dtype)
     if tma and device != "cuda":
         pytest.skip("tensor-memory-accelerator loads need a Hopper GPU")
-    s, norm, g, w, residual = _fold_problem(M, N, K, dtype, device)
-    glu = fold == "norm-glu"
+    ln = fold.startswith("ln")
+    s, norm, g, w, residual = fold_problem(M, N, K, dtype, device, layer_norm=ln)
+    glu, gelu = fold.endswith("glu"), fold == "ln-gelu"
     if glu:
         w = torch.cat([w, w.flip(0)])
-    kw = dict(norm=norm if fold != "residual" else None, residual=residual if fold in ("residual", "both") else None)
+    with_norm, with_residual = not fold.endswith("residual"), fold.endswith(("residual", "both"))
+    kw = dict(norm=norm if with_norm else None, residual=residual if with_residual else None)
+    if ln:
+        kw |= dict(centre=w.float().sum(1) if with_norm else None, sums=with_residual)
     cfg = dict(BLOCK_M=16 if M <= 16 else 64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=split_k, num_warps=4, num_stages=3,
                TMA=tma)
+    from shardline.kernels.activation import gelu_tanh_ref
     from shardline.kernels.quant import _reference
     want = _reference(s, w, None, None, glu, None, **kw)
+    if gelu:
+        want = gelu_tanh_ref(want)
     for attempt in range(2):  # the tile counters must be back at zero after each call
-        got = small_m_linear(s, w, None, None, cfg, glu=glu, **kw)
+        got = small_m_linear(s, w, None, None, cfg, glu=glu, gelu=gelu, **kw)
         if kw["residual"] is None:
             assert_close(got, want, f"split-K {fold}, call {attempt + 1}")
         else:
             assert_close(got[0], want[0], f"split-K {fold} stream, call {attempt + 1}")
-            assert got[1].shape == (-(-N // 64), M)
-            assert_close(got[1].sum(0), want[1].sum(0), f"split-K {fold} sums of squares", tol=1e-4)
+            assert got[1].shape == ((2,) if ln else ()) + (-(-N // 64), M)
+            assert_close(got[1].sum(-2), want[1].sum(-2), f"split-K {fold} sums (of squares)", tol=1e-4)
 
 
 def _head_problem(M, N, K, dtype, device):
