@@ -76,17 +76,26 @@ def test_folded_decode_step_matches_the_plain_path(monkeypatch):
     assert len(seen) == cfg.num_layers and all(isinstance(r, RowNorm) for r in seen)
     assert norms == [], "the first layer's and the final norm fold too"
     assert greedy.tolist() == folded.argmax(-1).tolist() + [-1, -1], "the head leaves the greedy ids"
+    unfolded = _assert_plain_and_unfolded_match(monkeypatch, folded, model, _model, "fold_norm_weight", ids, meta,
+                                                caches, greedy=greedy[:6])
+    assert norms and greedy[:6].tolist() == folded.argmax(-1).tolist()
+    assert not any(torch.equal(l.input_norm.weight, torch.ones_like(l.input_norm.weight)) for l in unfolded.layers)
+
+
+def _assert_plain_and_unfolded_match(monkeypatch, folded, model, make, fold_name, ids, meta, caches, **forward_kw):
+    """`folded`, the step's logits through the folded layers, are those of the plain path (norm
+    kernels, then the products) on the same weights and of a model made with `fold_name` (the
+    load's fold of the norms into the weights) left out; returns that model."""
     monkeypatch.setattr(DecoderLayer, "folds", lambda self, h: False)
     with torch.inference_mode():
-        plain = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches], greedy=greedy[:6])
-    assert norms and greedy[:6].tolist() == plain.argmax(-1).tolist()
+        plain = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches], **forward_kw)
     torch.testing.assert_close(folded, plain, rtol=1e-4, atol=1e-4)
-    monkeypatch.setattr(transformer, "fold_norm_weight", lambda *a: None)
-    unfolded, _ = _model()
-    assert not any(torch.equal(l.input_norm.weight, torch.ones_like(l.input_norm.weight)) for l in unfolded.layers)
+    monkeypatch.setattr(transformer, fold_name, lambda *a: None)
+    unfolded, _ = make()
     with torch.inference_mode():
         before = unfolded.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
     torch.testing.assert_close(before, plain, rtol=1e-4, atol=1e-4)
+    return unfolded
 
 
 def test_the_switch_keeps_the_norm_kernels(monkeypatch):
@@ -177,16 +186,8 @@ def test_gptj_folded_decode_step_matches_the_plain_path(monkeypatch):
     for layer in layers[1:]:
         want += [(layer.qkv_proj, True), (layer.o_proj, False), (layer.up_proj, True), (layer.down_proj, False)]
     assert folds == want
-    monkeypatch.setattr(DecoderLayer, "folds", lambda self, h: False)
-    with torch.inference_mode():
-        plain = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
-    torch.testing.assert_close(folded, plain, rtol=1e-4, atol=1e-4)
-    monkeypatch.setattr(transformer, "fold_layer_norm", lambda *a: None)
-    unfolded, _ = _gptj()
+    unfolded = _assert_plain_and_unfolded_match(monkeypatch, folded, model, _gptj, "fold_layer_norm", ids, meta, caches)
     assert not any(torch.equal(l.input_norm.bias, torch.zeros_like(l.input_norm.bias)) for l in unfolded.layers)
-    with torch.inference_mode():
-        before = unfolded.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
-    torch.testing.assert_close(before, plain, rtol=1e-4, atol=1e-4)
 
 
 def test_gptj_parallel_residual_adds_in_downs_epilogue(monkeypatch):

@@ -232,6 +232,16 @@ class DecoderLayer:
         return (_dispatch.FOLD_NORMS and (self.folded or self.folded_parallel) and self.tp.size == 1
                 and all(lin.folds(h) for lin in (self.qkv_proj, self.o_proj, self.up_proj, self.down_proj)))
 
+    def _folded_qkv(self, h: torch.Tensor, residual: torch.Tensor | RowNorm | None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(the stream, qkv, the normed rows or None): qkv folded over the RowNorm the layer
+        before left, else after the input norm's kernel (the first layer, or after a layer that
+        did not fold), whose normed rows the caller may need again."""
+        if isinstance(residual, RowNorm):
+            return h, self.qkv_proj.fold(h, norm=residual), None
+        x, summed = self.input_norm(h, residual)
+        return (h if residual is None else summed), self.qkv_proj(x), x
+
     def _decode_folded(self, h: torch.Tensor, residual: torch.Tensor | RowNorm | None, meta: StepMetadata,
                        k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, RowNorm]:
         """The layer with no norm kernel: each product before a norm adds the residual in its
@@ -239,11 +249,7 @@ class DecoderLayer:
         by 1 / rms in its epilogue, the norm's weight folded into its own. The layer takes the
         whole stream with its RowNorm from the layer before (else runs the input norm's kernel:
         the first layer, or after a layer that did not fold) and returns the same."""
-        if isinstance(residual, RowNorm):
-            stream, qkv = h, self.qkv_proj.fold(h, norm=residual)
-        else:
-            x, summed = self.input_norm(h, residual)
-            stream, qkv = (h if residual is None else summed), self.qkv_proj(x)
+        stream, qkv, _ = self._folded_qkv(h, residual)
         stream, sum_squares = self.o_proj.fold(self._heads(qkv, meta, k_cache, v_cache), residual=stream)
         act = self.up_proj.fold(stream, norm=RowNorm(sum_squares, self.post_attention_norm.eps), glu=True)
         stream, sum_squares = self.down_proj.fold(act, residual=stream)
@@ -257,14 +263,9 @@ class DecoderLayer:
         squares the layer before left); o adds the stream to attention's output in its epilogue,
         and down that to its own (and its bias), leaving the next stream's sums and squares. The
         first layer (no RowNorm) runs the norm's kernel and the plain products."""
-        if isinstance(residual, RowNorm):
-            stream, qkv = h, self.qkv_proj.fold(h, norm=residual)
-        else:
-            x, summed = self.input_norm(h, residual)
-            stream, qkv = (h if residual is None else summed), self.qkv_proj(x)
+        stream, qkv, x = self._folded_qkv(h, residual)
         stream_attn, _ = self.o_proj.fold(self._heads(qkv, meta, k_cache, v_cache), residual=stream)
-        act = (self.up_proj.fold(h, norm=residual, gelu=True) if isinstance(residual, RowNorm)
-               else self.up_proj.gelu(x))
+        act = self.up_proj.fold(h, norm=residual, gelu=True) if x is None else self.up_proj.gelu(x)
         stream, partials = self.down_proj.fold(act, residual=stream_attn, sums=True)
         return stream, RowNorm.of(partials, self.input_norm.eps)
 

@@ -117,3 +117,36 @@ def fold_problem(M, N, K, dtype, device, parts=5, layer_norm=False):
     w = (torch.randn(N, K, device=device) * 0.05).to(dtype)
     residual = torch.randn(M, N, device=device, dtype=dtype)
     return s, norm, g, w, residual
+
+
+def fold_case(fold: str, M, N, K, dtype, device, parts=5):
+    """A fold test's operands by its id, and the reference's answer: 'norm', 'residual', 'both'
+    (the norm before the product, the residual add after it, both), 'norm-glu' (SwiGLU over the
+    doubled weight) and a LayerNorm's 'ln', 'ln-residual', 'ln-both', 'ln-glu', 'ln-gelu' (rows
+    centred by the weight's row sums; with the residual, the stream's sums left after its
+    squares). Returns (s, w, the product's keywords, glu, gelu, want)."""
+    from shardline.kernels.activation import gelu_tanh_ref
+    from shardline.kernels.quant import _reference
+    ln = fold.startswith("ln")
+    s, norm, _, w, residual = fold_problem(M, N, K, dtype, device, parts=parts, layer_norm=ln)
+    glu, gelu = fold.endswith("glu"), fold == "ln-gelu"
+    if glu:
+        w = torch.cat([w, w.flip(0)])
+    with_norm, with_residual = not fold.endswith("residual"), fold.endswith(("residual", "both"))
+    kw = dict(norm=norm if with_norm else None, residual=residual if with_residual else None)
+    if ln:
+        kw |= dict(centre=w.float().sum(1) if with_norm else None, sums=with_residual)
+    want = _reference(s, w, None, None, glu, None, **kw)
+    return s, w, kw, glu, gelu, gelu_tanh_ref(want) if gelu else want
+
+
+def assert_fold_close(got, want, what: str) -> None:
+    """A fold's output against the reference's: the product, or with the residual add the
+    stream and its partial sums (of squares, [tiles, M]; and of values, [2, tiles, M]) summed
+    over the tiles, which the kernel and the reference cut differently."""
+    if not isinstance(want, tuple):
+        assert_close(got, want, what)
+        return
+    assert_close(got[0], want[0], f"{what} stream")
+    assert got[1].shape[:-2] == want[1].shape[:-2], f"{what}: sums {tuple(got[1].shape)} != {tuple(want[1].shape)}"
+    assert_close(got[1].sum(-2), want[1].sum(-2), f"{what} sums (of squares)", tol=1e-4)

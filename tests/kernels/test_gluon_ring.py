@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_testing import assert_close, assert_graph_replays_deterministic, fold_problem
+from kernel_testing import assert_close, assert_fold_close, assert_graph_replays_deterministic, fold_case
 from shardline.kernels.quant import linear_ref, ring_config, ring_fits, ring_linear, ring_plan
 
 
@@ -139,26 +139,10 @@ def test_ring_epilogue_folds_the_norm_and_the_residual(device, M, config, fold):
     against the reference, tiled, K split and balanced, N = 200 no multiple of the tile; `ln-*`
     a LayerNorm's (CENTRED, SUMS), as GPT-J's products run them."""
     _skip_unless_hopper(device)
-    from shardline.kernels.quant import _reference
-    N, K, dtype = 200, 1024, torch.bfloat16
-    ln = fold.startswith("ln")
-    s, norm, _, w, residual = fold_problem(M, N, K, dtype, device, parts=7, layer_norm=ln)
-    glu = fold.endswith("glu")
-    if glu:
-        w = torch.cat([w, w.flip(0)])
-    with_norm, with_residual = not fold.endswith("residual"), fold.endswith(("residual", "both"))
-    kw = dict(norm=norm if with_norm else None, residual=residual if with_residual else None)
-    if ln:
-        kw |= dict(centre=w.float().sum(1) if with_norm else None, sums=with_residual)
-    want = _reference(s, w, None, None, glu, None, **kw)
+    s, w, kw, glu, _, want = fold_case(fold, M, 200, 1024, torch.bfloat16, device, parts=7)
     for attempt in range(2):
         got = ring_linear(s, w, None, config, glu=glu, **kw)
-        if kw["residual"] is None:
-            assert_close(got, want, f"ring {config} {fold}, call {attempt + 1}")
-        else:
-            assert_close(got[0], want[0], f"ring {config} {fold} stream, call {attempt + 1}")
-            assert got[1].shape[:-2] == ((2,) if ln else ())
-            assert_close(got[1].sum(-2), want[1].sum(-2), f"ring {config} {fold} sums (of squares)", tol=1e-4)
+        assert_fold_close(got, want, f"ring {config} {fold}, call {attempt + 1}")
 
 
 def test_cpu_fold_returns_the_stream_and_its_sums_of_squares():

@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_testing import assert_close, assert_graph_replays_deterministic, fold_problem, skip_interpreted_bf16_dot
+from kernel_testing import (assert_close, assert_fold_close, assert_graph_replays_deterministic, fold_case, fold_problem,
+                            skip_interpreted_bf16_dot)
 from shardline.kernels import _dispatch
 from shardline.kernels.norm import RowNorm
 from shardline.kernels.quant import (linear_ref, quantize_fp8_ref, quantize_int8_ref, quantized_linear,
@@ -289,30 +290,14 @@ def test_split_k_epilogue_folds_the_norm_and_the_residual(device, split_k, M, N,
     skip_interpreted_bf16_dot(device, dtype)
     if tma and device != "cuda":
         pytest.skip("tensor-memory-accelerator loads need a Hopper GPU")
-    ln = fold.startswith("ln")
-    s, norm, g, w, residual = fold_problem(M, N, K, dtype, device, layer_norm=ln)
-    glu, gelu = fold.endswith("glu"), fold == "ln-gelu"
-    if glu:
-        w = torch.cat([w, w.flip(0)])
-    with_norm, with_residual = not fold.endswith("residual"), fold.endswith(("residual", "both"))
-    kw = dict(norm=norm if with_norm else None, residual=residual if with_residual else None)
-    if ln:
-        kw |= dict(centre=w.float().sum(1) if with_norm else None, sums=with_residual)
+    s, w, kw, glu, gelu, want = fold_case(fold, M, N, K, dtype, device)
     cfg = dict(BLOCK_M=16 if M <= 16 else 64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=split_k, num_warps=4, num_stages=3,
                TMA=tma)
-    from shardline.kernels.activation import gelu_tanh_ref
-    from shardline.kernels.quant import _reference
-    want = _reference(s, w, None, None, glu, None, **kw)
-    if gelu:
-        want = gelu_tanh_ref(want)
     for attempt in range(2):  # the tile counters must be back at zero after each call
         got = small_m_linear(s, w, None, None, cfg, glu=glu, gelu=gelu, **kw)
-        if kw["residual"] is None:
-            assert_close(got, want, f"split-K {fold}, call {attempt + 1}")
-        else:
-            assert_close(got[0], want[0], f"split-K {fold} stream, call {attempt + 1}")
-            assert got[1].shape == ((2,) if ln else ()) + (-(-N // 64), M)
-            assert_close(got[1].sum(-2), want[1].sum(-2), f"split-K {fold} sums (of squares)", tol=1e-4)
+        assert_fold_close(got, want, f"split-K {fold}, call {attempt + 1}")
+        if kw["residual"] is not None:
+            assert got[1].shape[-2] == -(-N // 64), f"one partial a tile of 64 columns, got {tuple(got[1].shape)}"
 
 
 def _head_problem(M, N, K, dtype, device):
