@@ -311,7 +311,7 @@ def centre_rows(acc, mean, centre_ptr, offs_n, N):
 
 
 @triton.jit
-def residual_epilogue(y, res, out_ptr, ss_ptr, tile_n, offs_m, offs_n, M, N, stride_om, SUMS: tl.constexpr = False):
+def residual_epilogue(y, res, out_ptr, ss_ptr, tile_n, offs_m, offs_n, M, N, stride_om, SUMS: tl.constexpr):
     """The stream's next value: out = y (rounded to out's dtype) + res, rounded again, as the
     unfused path's norm kernel adds; and this tile's share of each row's sum of squares of it,
     to ss[tile_n, offs_m], which the next product's `row_rstd` sums (SUMS: and of its sum, to
@@ -452,7 +452,8 @@ def small_m_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor 
                               best, first, greedy.cols if greedy is not None else 0, store, trace_ptr,
                               TRACE=traced, ARGMAX=greedy is not None, GATE_STORE=store is not out, GELU=gelu,
                               ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2, RESIDUAL=residual is not None,
-                              CENTRED=fold.centred, SUMS=fold.sums, HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, FP8=fp8,
+                              CENTRED=fold.centred, SUMS=fold.sums, HAS_SCALE=scale is not None,
+                              HAS_BIAS=bias is not None, FP8=fp8,
                               EVEN_K=K % cfg["BLOCK_K"] == 0,
                               DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GLU=glu,
                               SPLIT_K=split_k, BLOCK_M=block_m, TMA=x_desc is not x2,

@@ -152,7 +152,8 @@ def test_fold_layer_norm_moves_weight_and_bias_into_the_products():
     w = {"n.weight": torch.tensor([1.0, 2.0, 0.5]), "n.bias": torch.tensor([0.5, -1.0, 2.0]),
          "a.weight": torch.ones(2, 3), "b.weight": torch.eye(3), "b.bias": torch.tensor([1.0, 0.0, 0.0])}
     x_hat = torch.tensor([0.3, -0.7, 1.1])
-    want = {lin: torch.nn.functional.linear(x_hat * w["n.weight"] + w["n.bias"], w[f"{lin}.weight"], w.get(f"{lin}.bias"))
+    normed = x_hat * w["n.weight"] + w["n.bias"]
+    want = {lin: torch.nn.functional.linear(normed, w[f"{lin}.weight"], w.get(f"{lin}.bias"))
             for lin in ("a", "b")}
     transformer.fold_layer_norm(w, "n", ("a", "b"))
     assert torch.equal(w["n.weight"], torch.ones(3)) and torch.equal(w["n.bias"], torch.zeros(3))

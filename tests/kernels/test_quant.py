@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_testing import (assert_close, assert_fold_close, assert_graph_replays_deterministic, fold_case, fold_problem,
-                            skip_interpreted_bf16_dot)
+from kernel_testing import (assert_close, assert_fold_close, assert_graph_replays_deterministic, fold_case,
+                            fold_problem, skip_interpreted_bf16_dot)
 from shardline.kernels import _dispatch
 from shardline.kernels.norm import RowNorm
 from shardline.kernels.quant import (linear_ref, quantize_fp8_ref, quantize_int8_ref, quantized_linear,
