@@ -235,7 +235,9 @@ def test_a_stage0_of_an_older_version_serves_on_a_generate_stream_a_sequence(ben
 
 def test_a_broken_stage0_stream_fails_over_every_sequence_on_it(bench, model_name):
     """Stage 0 aborts the stream after 5 tokens of one request: the 6 requests on it all resume
-    (on a new stream, to whichever replica the route choice picks), with no gap and no duplicate."""
+    (on a new stream, to whichever replica the route choice picks), with no gap and no duplicate.
+    The requests were admitted a few milliseconds apart, so at the break each has had 5 tokens or
+    fewer; each resumes from exactly the ones it had."""
     a = bench.add_replica(model_name, 0, token_delay_s=0.01)
     b = bench.add_replica(model_name, 0, num_running=50)  # busier: a takes them all first
     bench.add_replica(model_name, 1)
@@ -244,9 +246,20 @@ def test_a_broken_stage0_stream_fails_over_every_sequence_on_it(bench, model_nam
     prompts = [[4, i + 5, 6] for i in range(6)]
     results = generate_concurrently(gw.port, prompts, max_tokens=30, ignore_eos=True)
     assert results == [[a.token_at(p, j) for j in range(30)] for p in prompts]
-    resumes = [r for r in a.admitted + b.admitted if r.generated_token_ids]
-    assert len(resumes) == 6 and all(len(r.generated_token_ids) == 5 for r in resumes), \
-        "each sequence on the broken stream resumes once, from the 5 tokens it had"
+    admissions: dict[str, list] = {}
+    for r in a.admitted + b.admitted:
+        admissions.setdefault(r.request_id, []).append(r)
+    assert len(admissions) == 6 and all(len(v) == 2 for v in admissions.values()), \
+        "each sequence on the broken stream is admitted once, then resumed once"
+    had = []
+    for first, resume in (sorted(v, key=lambda r: len(r.generated_token_ids)) for v in admissions.values()):
+        assert not first.generated_token_ids
+        prompt = list(first.prompt_token_ids)
+        assert list(resume.prompt_token_ids) == prompt
+        had.append(len(resume.generated_token_ids))
+        assert list(resume.generated_token_ids) == [a.token_at(prompt, j) for j in range(had[-1])], \
+            "a resume carries exactly the tokens its sequence had"
+    assert max(had) == 5, f"the stream broke after one request's 5th token: the resumes had {had}"
 
 
 def test_tokens_that_arrive_with_the_failure_reach_the_client(bench, model_name):
