@@ -46,3 +46,18 @@ def test_read_floor_reads_the_steps_weights_once_and_its_kv_cache(shape):
     engine = step_tuning.random_engine(cfg, "bf16", "none", 8, "cpu", kv_bytes=1 << 20, max_model_len=256)
     _, weight_bytes = num_params(LocalPipeline(None, config=engine.config, engines=[engine]))
     assert sum(n for _, n in reads) - kv == weight_bytes
+
+
+def test_tma_l2_promotion_patches_the_one_descriptor_fill_of_the_installed_triton():
+    """The probe's copy of Triton reads the promotion from the environment at the one place the
+    driver fills a descriptor, and says which Triton it does not know rather than run unpatched."""
+    triton = pytest.importorskip("triton", reason="the probe patches the installed Triton's driver")
+    from pathlib import Path
+
+    from benchmarks.tma_l2_promotion import ENV, patch_driver_source
+    src = (Path(triton.__file__).parent / "backends" / "nvidia" / "driver.c").read_text()
+    patched = patch_driver_source(src)
+    assert "CU_TENSOR_MAP_L2_PROMOTION_L2_128B, fill);" not in patched
+    assert patched.count(f'getenv("{ENV}")') == 2 and len(patched) > len(src)
+    with pytest.raises(RuntimeError, match="not 1"):
+        patch_driver_source(patched)
