@@ -108,7 +108,8 @@ def time_decode(batch: int, gemm_config: str, rounds: int) -> list[str]:
            "--skip", "int8,fp8,gptj,prefill", "--gemm-config", gemm_config,
            "--env-variants", f"{ENV}=2;{ENV}=3", "--env-rounds", str(rounds)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200).stdout.splitlines()
-    replays = [json.loads(line)["graph_replay_ms"] for line in out if line.startswith("{") and "graph_replay_ms" in line]
+    rows = [json.loads(line) for line in out if line.startswith("{")]
+    replays = [row["graph_replay_ms"] for row in rows if "graph_replay_ms" in row]  # the runs' rows, not their summaries
     return ([f"the decode loop (decode_bench, {ENV}=2 then =3 each round)"] + [line for line in out if line.startswith("batch")]
             + [f"GPU step alone, in run order: {' / '.join(f'{r:.3f}' for r in replays)}"])
 
@@ -129,9 +130,9 @@ def main() -> int:
     import torch
     lines = [f"{torch.cuda.get_device_name()}  {datetime.date.today().isoformat()}", f"$ {' '.join(sys.argv)}"]
     lines += time_linears(args.shape, args.batch, args.gemm_config, args.rounds)
+    print("\n".join(lines), flush=True)
     if args.decode_rounds:
-        lines += time_decode(args.batch, args.gemm_config, args.decode_rounds)
-    print("\n".join(lines))
+        print("\n".join(time_decode(args.batch, args.gemm_config, args.decode_rounds)))
     return 0
 
 
