@@ -4,7 +4,7 @@
                                           [--decode-rounds 3] [--shape llama3-8b]
 
 Every tensor descriptor of the split-K and ring GEMMs is filled by Triton's driver
-(`fill_tma_descriptor`, backends/nvidia/driver.c), which always asks for 128-byte promotion; the
+(`fillTMADescriptor` in backends/nvidia/driver.c), which always asks for 128-byte promotion; the
 GEMMs read weight rows in 256-byte runs (BLOCK_K 128), as two 128-byte boxes. This script copies
 the installed Triton into a temporary folder, has its driver read the promotion from the
 environment (`SL_TMA_L2`: 0 none, 1 64 B, 2 128 B, Triton's own, 3 256 B), and runs itself again
@@ -30,7 +30,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from shardline.model.random_weights import SHAPES
+
 ENV = "SL_TMA_L2"
+_REEXEC = "SL_TMA_L2_PATCHED_COPY"  # set in the run on the patched copy: never copy twice
 PROMOTIONS = {"0": "none", "1": "64 B", "2": "128 B", "3": "256 B"}
 _TRITON_FILL = "swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, fill);"
 _PATCHED_FILL = (f'swizzle, (CUtensorMapL2promotion)(getenv("{ENV}") ? atoi(getenv("{ENV}")) : '
@@ -70,7 +73,6 @@ def time_linears(shape: str, batch: int, gemm_config: str, rounds: int) -> list[
     from shardline.config import ModelConfig
     from shardline.gemm_tuning import GemmTable, _time_graph_us, linear_shapes
     from shardline.kernels import quant
-    from shardline.model.random_weights import SHAPES
 
     table = GemmTable.checked(gemm_config)
     runs = []
@@ -107,7 +109,13 @@ def time_decode(batch: int, gemm_config: str, rounds: int) -> list[str]:
     cmd = [sys.executable, str(Path(__file__).with_name("decode_bench.py")), "--batches", str(batch),
            "--skip", "int8,fp8,gptj,prefill", "--gemm-config", gemm_config,
            "--env-variants", f"{ENV}=2;{ENV}=3", "--env-rounds", str(rounds)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200).stdout.splitlines()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    except subprocess.TimeoutExpired:
+        return [f"the decode loop: decode_bench ran past 1200 s ({' '.join(cmd)})"]
+    if done.returncode != 0:
+        return [f"the decode loop: decode_bench exited {done.returncode}: {done.stderr.strip()[-1500:]}"]
+    out = done.stdout.splitlines()
     rows = [json.loads(line) for line in out if line.startswith("{")]
     replays = [row["graph_replay_ms"] for row in rows if "graph_replay_ms" in row]  # the runs' rows, not their summaries
     return ([f"the decode loop (decode_bench, {ENV}=2 then =3 each round)"] + [line for line in out if line.startswith("batch")]
@@ -117,17 +125,29 @@ def time_decode(batch: int, gemm_config: str, rounds: int) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gemm-config", default="benchmarks/results/gemm-h200-decode.json")
-    ap.add_argument("--shape", default="llama3-8b")
+    ap.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the linears alone")
     ap.add_argument("--decode-rounds", type=int, default=3, help="rounds of the decode loop (0: none)")
     args = ap.parse_args()
+    if args.batch < 1 or args.rounds < 1 or args.decode_rounds < 0:
+        ap.error(f"--batch {args.batch}, --rounds {args.rounds}, --decode-rounds {args.decode_rounds}: "
+                 "batch and rounds at least 1, decode rounds 0 or more")
+    if not Path(args.gemm_config).is_file():
+        ap.error(f"--gemm-config {args.gemm_config}: no such file; pass a `shardline tune-gemm` table, "
+                 "e.g. benchmarks/results/gemm-h200-decode.json")
+    import torch
+    if not torch.cuda.is_available():
+        ap.error("no CUDA GPU is visible: this probe times TMA loads, which need a Hopper GPU (sm_90 or later)")
     if not driver_is_patched():
+        if os.environ.get(_REEXEC):
+            raise SystemExit(f"the run on the patched copy of Triton imported an unpatched one "
+                             f"({os.environ.get('PYTHONPATH')!r} first on PYTHONPATH): is another Triton installed "
+                             "ahead of it?")
         with tempfile.TemporaryDirectory() as tmp:
             site = patched_triton(Path(tmp))
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+            env = {**os.environ, _REEXEC: "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
             return subprocess.run([sys.executable, "-m", "benchmarks.tma_l2_promotion", *sys.argv[1:]], env=env).returncode
-    import torch
     lines = [f"{torch.cuda.get_device_name()}  {datetime.date.today().isoformat()}", f"$ {' '.join(sys.argv)}"]
     lines += time_linears(args.shape, args.batch, args.gemm_config, args.rounds)
     print("\n".join(lines), flush=True)

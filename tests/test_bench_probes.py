@@ -61,3 +61,12 @@ def test_tma_l2_promotion_patches_the_one_descriptor_fill_of_the_installed_trito
     assert patched.count(f'getenv("{ENV}")') == 2 and len(patched) > len(src)
     with pytest.raises(RuntimeError, match="not 1"):
         patch_driver_source(patched)
+
+
+@pytest.mark.parametrize("argv, named", [(["--batch", "0"], "--batch 0"), (["--gemm-config", "no-such.json"],
+                                                                          "no-such.json: no such file")])
+def test_tma_l2_promotion_names_a_bad_argument_and_exits_2(argv, named):
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "benchmarks.tma_l2_promotion", *argv], capture_output=True, text=True)
+    assert done.returncode == 2 and named in done.stderr
