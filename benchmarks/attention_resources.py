@@ -41,7 +41,7 @@ def compile_decode(stages: int, block_n: int, warps: int, early_kv: bool = False
     `heads` a rotary shape of random_weights.SHAPES; `rotary` False: the kernel that
     rotary_decode_attention runs after the rotary kernel (FUSE_ROTARY false); `maxnreg` caps registers a thread (the config key);
     `late`: the LATE key (the next kernel launches once every program has left its loop); `trace`:
-    kernels/trace.py's timeline stores; `new_first`: the NEW_FIRST key (the new token read and
+    shardline/kernels/trace.py's timeline stores; `new_first`: the NEW_FIRST key (the new token read and
     written before the loop)."""
     shape = SHAPES[heads]
     group, hd, rot = shape["num_heads"] // shape["num_kv_heads"], shape["head_dim"], shape["rotary_dim"]

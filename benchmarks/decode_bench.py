@@ -228,7 +228,7 @@ def without_option(argv: list[str], name: str) -> list[str]:
 def run_env_variants(variants: list[dict[str, str]], rounds: int, argv: list[str]) -> None:
     """The same run (argv, less the A/B options) in a fresh process under each environment in
     turn, `rounds` times: an A/B of what only the environment switches (the kernels' switches in
-    kernels/_dispatch.py are read once, at import). Prints every run's rows, then each batch's
+    shardline/kernels/_dispatch.py are read once, at import). Prints every run's rows, then each batch's
     ms/step under each environment."""
     child = [sys.executable, str(Path(__file__).resolve())] + without_option(without_option(argv, "--env-variants"),
                                                                              "--env-rounds")

@@ -1,6 +1,6 @@
 """The decode linears of a whole Llama-3-8B stack at batch 1, as one CUDA graph: how close the
 weight stream gets to the copy bandwidth, unfused (cuBLAS + norm and activation kernels) against
-the fused GEMV (kernels/gemv.py) in its Triton and CUDA C forms, with and without programmatic
+the fused GEMV (shardline/kernels/gemv.py) in its Triton and CUDA C forms, with and without programmatic
 dependent launch.
 
     python benchmarks/gemv_bench.py [--layers 32] [--quant int8|fp8] [--sweep]

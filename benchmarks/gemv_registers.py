@@ -7,7 +7,7 @@ what each thread holds.
 
 A tile with more than ~128 registers a thread halves the programs resident per multiprocessor,
 and a spill puts the accumulator in local memory; both cost a weight stream its bandwidth. The
-tile lists in `kernels/triton_gemv.py` and `shardline/gemm_tuning.py` keep to tiles this shows
+tile lists in `shardline/kernels/triton_gemv.py` and `shardline/gemm_tuning.py` keep to tiles this shows
 clean.
 """
 

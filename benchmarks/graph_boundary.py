@@ -4,7 +4,7 @@
 
 A decode step is one replay of a captured graph. The graph's first kernel takes the step's
 metadata from a pinned host mailbox and its last writes the sampled ids to pinned host memory
-(kernels/step_io.py, cuda_graphs.py). Until commit b101153 the metadata went up by a copy before
+(shardline/kernels/step_io.py, cuda_graphs.py). Until commit b101153 the metadata went up by a copy before
 each replay and the ids came down by a copy after it: two copy-engine round trips between graphs. This script times, in one process and alternated over rounds, per step:
 
 * `the engine's graph`: the runner's graph, its I/O kernels in it, replayed back to back;

@@ -12,7 +12,7 @@ table's tile for that K (with --gemm-config; otherwise its gate/up and down tile
 table). Launches here are back to back in one graph, so PDL (on by default on Hopper) overlaps
 each split-K launch with the one before it as the engine's step does; cuBLAS's do not overlap.
 
-On Hopper with Gluon it also times the ring GEMM (kernels/gluon_ring.py: a producer warp streams
+On Hopper with Gluon it also times the ring GEMM (shardline/kernels/gluon_ring.py: a producer warp streams
 the weights, its first stages before the PDL wait), and the same with EARLY=0 (nothing before the
 wait): the difference is what requesting weights early does to the fixed cost. --ahead adds the split-K kernel with its in-loop L2 prefetch at each distance (AHEAD, tiles). Each
 split-K point also reports its programs and the rate a busy multiprocessor streams at (bytes /

@@ -8,7 +8,7 @@
 
 The DRAM timeline (benchmarks/dram_timeline.py) shows the products streaming at 90-98% of peak
 between kernels and the memory idling at each boundary, ~30 us a layer at batch 64. This script
-says what a boundary is made of. It runs with SHARDLINE_TRACE_PROGRAMS=1 (kernels/trace.py), so
+says what a boundary is made of. It runs with SHARDLINE_TRACE_PROGRAMS=1 (shardline/kernels/trace.py), so
 that the split-K GEMM, the ring GEMM and decode attention write, for each program, when it
 started, when its PDL wait returned, when its first tiles landed (the ring), when it left its
 main loop and when it exited, and its multiprocessor; it captures the step's graph, replays it

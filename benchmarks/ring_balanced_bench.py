@@ -1,5 +1,5 @@
 """Llama-3-8B's gate/up, qkv, o and down at 64 rows, each alone: cuBLAS, the H200 table's split-K
-tile (gate/up, down), the tiled ring GEMM and the ring's balanced form (kernels/gluon_ring.py).
+tile (gate/up, down), the tiled ring GEMM and the ring's balanced form (shardline/kernels/gluon_ring.py).
 
     python -m benchmarks.ring_balanced_bench
 

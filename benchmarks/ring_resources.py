@@ -1,4 +1,4 @@
-"""What one program of the ring GEMM (kernels/gluon_ring.py) holds, compiled for sm_90 on any
+"""What one program of the ring GEMM (shardline/kernels/gluon_ring.py) holds, compiled for sm_90 on any
 machine (no GPU): registers a thread at launch, spills, shared memory, and so how many programs a
 multiprocessor keeps, for a tile and a launch register cap (`maxnreg`).
 
@@ -24,7 +24,7 @@ from benchmarks.gemv_registers import _ptxas
 def compile_ring(block_n: int, block_k: int, stages: int, split_k: int, glu: bool, fold: str, maxnreg: int = 0,
                  late: bool = False, trace: bool = False):
     """The ring kernel as ring_linear_gluon launches it for a tiled config at 64 rows, for sm_90
-    (`late`: the LATE key; `trace`: kernels/trace.py's timeline stores)."""
+    (`late`: the LATE key; `trace`: shardline/kernels/trace.py's timeline stores)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 

@@ -1,6 +1,6 @@
 """The decode linears of a Llama-3-8B stack at batch 16-64, as one CUDA graph: cuBLAS, the tuned
 table's choices (cuBLAS or the tiled split-K Triton kernel, as `tune-gemm` picked them) and the
-stream-K kernel (kernels/triton_streamk.py, SwiGLU fused), each against the copy bandwidth;
+stream-K kernel (shardline/kernels/triton_streamk.py, SwiGLU fused), each against the copy bandwidth;
 "tuned+triton" runs the split-K Triton kernel where the table chose cuBLAS, and "tuned, SwiGLU
 kernel" the activation as a kernel of its own after the gate/up product.
 

@@ -1,4 +1,4 @@
-"""What one program of the split-K GEMM (kernels/triton_quant.py) holds, compiled for sm_90 on any
+"""What one program of the split-K GEMM (shardline/kernels/triton_quant.py) holds, compiled for sm_90 on any
 machine (no GPU): registers a thread and spills, shared memory, and so how many programs a
 multiprocessor keeps, for a table's tile.
 

@@ -291,7 +291,7 @@ class EngineConfig:
     gemm_config: str | None = None  # file written by `shardline tune-gemm` (GPU only)
     # The KV cache's element type (KV_CACHE_DTYPES): "auto" keeps the model's; "fp8" stores e4m3,
     # half a bf16 cache's bytes, so twice the tokens fit and decode reads half the K/V. It keeps no
-    # scale: values round to e4m3 and saturate at +-448 (kernels/attention.py).
+    # scale: values round to e4m3 and saturate at +-448 (shardline/kernels/attention.py).
     kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:

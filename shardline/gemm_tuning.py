@@ -6,8 +6,8 @@ GPU, keep the fastest, and let the stage worker load the choice.
 
 Candidates per (N, K, weight dtype, batch rows M): the default (cuBLAS's F.linear; for int8/fp8
 weights, the split-K kernel's default tiles), the split-K small-M Triton kernel
-(kernels/triton_quant.py; its best tile also with an L2 prefetch AHEAD of
-its loads, `ahead_candidates`), on Hopper the ring GEMM (kernels/gluon_ring.py) and, for M = 1, the decode GEMV (kernels/triton_gemv.py and
+(shardline/kernels/triton_quant.py; its best tile also with an L2 prefetch AHEAD of
+its loads, `ahead_candidates`), on Hopper the ring GEMM (shardline/kernels/gluon_ring.py) and, for M = 1, the decode GEMV (shardline/kernels/triton_gemv.py and
 cuda_gemv.py) in the fused form the engine runs it (RMSNorm before qkv, the head and gate/up;
 SwiGLU after gate/up), each at a few tile configurations. A candidate's output must first agree
 with the reference (`agrees`); then it is timed as CUDA-graph replays, as the engine runs decode.
@@ -48,7 +48,7 @@ TRITON_CONFIGS_WIDE = [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num
 
 
 def streamk_candidates(m: int) -> list[dict]:
-    """The stream-K kernel's tiles (kernels/triton_streamk.py): its default, with TMA loads, and
+    """The stream-K kernel's tiles (shardline/kernels/triton_streamk.py): its default, with TMA loads, and
     with the PDL prefetch off."""
     from shardline.kernels.triton_streamk import default_config
     base = default_config(m, False)
@@ -67,7 +67,7 @@ def triton_candidates(m: int, tma: bool = False) -> list[dict]:
     return tiles + ([dict(c, TMA=1) for c in tiles] if tma else [])
 
 
-# The ring GEMM's tiles (kernels/gluon_ring.py, Hopper): weight rows and K columns a stage, stages
+# The ring GEMM's tiles (shardline/kernels/gluon_ring.py, Hopper): weight rows and K columns a stage, stages
 # in the ring, K splits; the default also with EARLY=0 (no weights requested before the PDL wait:
 # what that costs or gains, measured where it counts).
 RING_CONFIGS = [dict(BLOCK_N=bn, BLOCK_K=bk, STAGES=st, SPLIT_K=sk) for bn, bk, st, sk in (

@@ -26,8 +26,9 @@ def test_without_cuda_it_refuses_rather_than_skipping_everything():
 
 
 def test_without_shardline_installed_it_names_the_install(tmp_path):
-    """A GPU machine's own Python (no virtualenv) finds ./shardline but not shardline.kernels, which
-    only the install maps to kernels/: the script says how to install rather than failing each test."""
+    """A GPU machine's own Python (no virtualenv) finds ./shardline but not shardline.stage_worker, which
+    only the install maps to services/stage-worker/: the script says how to install rather than failing each
+    test."""
     bare = tmp_path / "python"
     bare.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")  # no site-packages, so no install
     bare.chmod(0o755)

@@ -10,7 +10,7 @@ block-table width, so decode attention's split-K fits the real contexts, not the
 Every graph reads its step from one flat int64 device buffer, laid out per graph as
 [ids b | src b | positions b | slots b | seq_lens b int32 | block table b x width int32 |
 logits wanted 1 | skip 1 | ids row 1]. The host fills the same layout in a mailbox of pinned
-host memory, and the graph's first kernel takes it from there over PCIe (kernels/step_io.py): no
+host memory, and the graph's first kernel takes it from there over PCIe (shardline/kernels/step_io.py): no
 copy engine between two replays (a copy up and one down cost a 64-row step 14-17 µs between
 graphs, the two kernels nothing measurable; docs/benchmarks.md). The mailbox is refilled once the
 last take of it has run (an event recorded inside every graph, and after an eager take), so

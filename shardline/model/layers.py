@@ -37,7 +37,7 @@ class Linear:
 
     def uses_gemv(self, x: torch.Tensor) -> bool:
         """One row (batch-1 decode) runs the GEMV kernel: as `tune-gemm` chose for this GPU when a
-        table is loaded, else wherever the CUDA C GEMV takes the operands (kernels/gemv.py)."""
+        table is loaded, else wherever the CUDA C GEMV takes the operands (shardline/kernels/gemv.py)."""
         return self._runs_gemv(x, self._choice(x))
 
     def __call__(self, x: torch.Tensor, add_bias: bool = True, out_dtype: torch.dtype | None = None,

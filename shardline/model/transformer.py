@@ -207,7 +207,7 @@ class DecoderLayer:
     def _decode(self, h: torch.Tensor, residual: torch.Tensor | None, meta: StepMetadata,
                 k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The same layer for one row (batch-1 decode) as GEMV kernels, each norm fused into the
-        product after it and the activation (SwiGLU, GELU) into the up product (kernels/gemv.py).
+        product after it and the activation (SwiGLU, GELU) into the up product (shardline/kernels/gemv.py).
         With a parallel residual (GPT-J) qkv and up both read the input norm, and down's GEMV adds
         attention's partial output (and on one rank its own bias): no add kernels. Taken when the
         qkv projection runs the GEMV (`Linear.uses_gemv`: by default, or as `tune-gemm` chose);
@@ -368,7 +368,7 @@ class StageModel:
               ) -> tuple[torch.Tensor, RowNorm | None]:
         """The stream [T, H] of the step's tokens, and on one rank of folded layers its rows'
         RowNorm, which the first layer's qkv product takes as every later one takes its own: one
-        kernel (kernels/embedding.py) resolves the pending ids, copies the rows and sums their
+        kernel (shardline/kernels/embedding.py) resolves the pending ids, copies the rows and sums their
         squares."""
         first = self.layers[0] if self.layers else None
         if self.tp.size == 1 and self.embed_positions is None:

@@ -103,7 +103,7 @@ def test_greedy_64_steps_fp32_identical_to_unoptimised_path(models):
     assert fast.engines[0].graphs is not None, "decode steps should replay CUDA graphs on the GPU"
     got = fast.generate(PROMPTS, SamplingParams(max_tokens=64, ignore_eos=True))
     assert fast.engines[0].graphs.num_replays, "no decode step replayed a captured graph"
-    assert got == unoptimised(models / "fp32", PROMPTS, 64), "fused kernels/graphs changed greedy tokens"
+    assert got == unoptimised(models / "fp32", PROMPTS, 64), "fused shardline/kernels/graphs changed greedy tokens"
 
 
 @pytest.mark.parametrize("weights", ["fp32", "fp32-kv-scaled"])

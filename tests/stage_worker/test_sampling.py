@@ -1,4 +1,4 @@
-"""The sampler: greedy rows take the first maximum (kernels/argmax.py, tested in tests/kernels), sampled rows
+"""The sampler: greedy rows take the first maximum (shardline/kernels/argmax.py, tested in tests/kernels), sampled rows
 draw from the filtered distribution."""
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def test_a_graph_takes_pending_ids_from_the_previous_steps_sampled_ids():
 
 
 def test_a_graph_takes_the_mailbox_above_its_skip_word_and_gives_its_ids_to_the_named_row():
-    """The graph's first and last kernels (kernels/step_io.py) through the layout: host ids taken
+    """The graph's first and last kernels (shardline/kernels/step_io.py) through the layout: host ids taken
     with the rest of the step; a step whose ids are already on the device skips them; the ids go
     to the ring row the step names."""
     step = HostStep(positions=[5, 17], slots=[37, 81], tables=[[4, 2], [9, 3, 5]], seq_lens=[6, 18],

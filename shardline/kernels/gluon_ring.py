@@ -62,7 +62,7 @@ def _gdc_launch_dependents():
 
 @gluon.jit
 def _stamp(trace_ptr, program, FIELD: gl.constexpr, TRACE: gl.constexpr):
-    """kernels/trace.py's timeline word FIELD of this program (at T_EXIT also its multiprocessor),
+    """shardline/kernels/trace.py's timeline word FIELD of this program (at T_EXIT also its multiprocessor),
     as triton_pdl.trace_stamp writes it."""
     if TRACE:
         now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
@@ -200,7 +200,7 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
     """ROW_NORM and RESIDUAL: the fold of the RMSNorm before the product and the residual add
     after it, as in the split-K kernel (triton_quant.py: row_rstd, residual_epilogue); CENTRED and
     SUMS a LayerNorm's (row_moments, centre_rows). TRACE: each program's timeline at trace_ptr
-    (kernels/trace.py)."""
+    (shardline/kernels/trace.py)."""
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BOX: gl.constexpr = w_desc.block_type.shape[0]
     WT: gl.constexpr = 2 if GLU else 1

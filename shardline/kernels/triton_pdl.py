@@ -45,7 +45,7 @@ def prefetch_l2(ptrs):
                               dtype=tl.int32, is_pure=False, pack=1)
 
 
-# kernels/trace.py's FIELDS, as the kernels name them (the indices are trace.py's).
+# shardline/kernels/trace.py's FIELDS, as the kernels name them (the indices are trace.py's).
 T_START = tl.constexpr(trace.START)
 T_WAITED = tl.constexpr(trace.WAITED)
 T_FIRST = tl.constexpr(trace.FIRST)
@@ -57,7 +57,7 @@ T_WORDS = tl.constexpr(len(trace.FIELDS))
 
 @triton.jit
 def trace_stamp(trace_ptr, program, FIELD: tl.constexpr, TRACE: tl.constexpr):
-    """kernels/trace.py: this program's FIELD word, the time now (at T_START also T_FIRST's 0: these
+    """shardline/kernels/trace.py: this program's FIELD word, the time now (at T_START also T_FIRST's 0: these
     kernels have no first-tiles stamp; at T_EXIT also its multiprocessor)."""
     if TRACE:
         tl.store(trace_ptr + program * T_WORDS + FIELD, tl.extra.cuda.globaltimer())

@@ -214,7 +214,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, qsl_pt
     beside q, and held in registers through the loop, rather than after it, so that their round
     trip to L2 overlaps the cached tiles instead of following them (an A/B key, off).
 
-    TRACE: each program's timeline at trace_ptr (kernels/trace.py)."""
+    TRACE: each program's timeline at trace_ptr (shardline/kernels/trace.py)."""
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)

@@ -18,7 +18,7 @@ The only place the kernels read the environment, once, at import:
                                  norm, activation and add kernels instead of fusing them into the
                                  GEMVs (model/transformer.py): an A/B switch
     SHARDLINE_TRACE_PROGRAMS=1   the decode GEMMs and attention write every program's timeline
-                                 (kernels/trace.py; a diagnostic for benchmarks/program_trace.py)
+                                 (shardline/kernels/trace.py; a diagnostic for benchmarks/program_trace.py)
     TRITON_INTERPRET=1           Triton's own interpreter switch; with it, CPU tensors take the
                                  Triton path too (slow; lets kernel tests run without a GPU)
 

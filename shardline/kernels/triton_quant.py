@@ -109,7 +109,7 @@ def _int8_linear_kernel(x_ptr, w_ptr, x_desc, w_desc, scale_ptr, bias_ptr, out_p
     greedy_cols, its value at best_ptr and its column at first_ptr [M, N tiles], for
     triton_argmax's pick kernel (greedy sampling without a pass over the logits). GATE_STORE (with
     ARGMAX): the logits are written only where int64 store_ptr[0] is not 0 (quant.GreedyIds.store).
-    TRACE: each program's timeline at trace_ptr (kernels/trace.py)."""
+    TRACE: each program's timeline at trace_ptr (shardline/kernels/trace.py)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
