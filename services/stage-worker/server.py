@@ -34,6 +34,7 @@ from shardline.v1 import stage_pb2, stage_pb2_grpc
 
 log = logging.getLogger("shardline.stage_worker")
 SERVICE_NAME = "shardline.v1.StageWorker"
+WAKE_S = 0.2  # the longest a SIGTERM waits for the main thread to notice it (run_stage_worker_process)
 
 
 @dataclass
@@ -287,6 +288,9 @@ class StageWorkerProcess:
 
     def shutdown(self) -> None:
         """SIGTERM: stop taking sequences, finish or hand back what runs, deregister, exit."""
+        log.info("stage %d replica %s draining: %d sequences running, %.1f s to finish them, then the "
+                 "rest go back to the gateway", self.worker.stage, self.worker.replica_id,
+                 self.worker.status()["num_running"], self.config.drain_timeout_s)
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.worker.is_draining = True
@@ -336,7 +340,13 @@ def run_stage_worker_process(config: StageWorkerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     print(f"READY {proc.worker.address}", flush=True)  # launchers wait for this line
-    done.wait()
+    # Python runs signal handlers in the main thread only, and a SIGTERM the kernel hands to
+    # another thread (gRPC's, the engine loop's) does not wake a main thread blocked in an
+    # unbounded wait: the drain would never start and Kubernetes' SIGKILL would lose the running
+    # sequences (CI saw a replica run its sequences to the end after SIGTERM). A bounded wait
+    # runs the handler within WAKE_S whichever thread took the signal.
+    while not done.wait(WAKE_S):
+        pass
     proc.shutdown()
     leave_tp_group(proc.tp)
 

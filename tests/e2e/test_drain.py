@@ -9,7 +9,12 @@ an undisturbed run gives.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import ctypes
+import os
+import platform
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -23,6 +28,7 @@ from shardline.stage_worker.pipeline import generate_local
 
 pytestmark = pytest.mark.slow
 PROMPTS = [[1, 5, 9, 13 + i] for i in range(8)]
+SYS_TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
 
 
 # A drain timeout of 0 hands back at once: any positive one races the replica, which on a fast
@@ -93,6 +99,37 @@ def test_sigterm_while_redis_is_silent_still_drains_and_exits(tmp_path):
         log = (cluster.logdir / "stage0-replica0-rank0.log").read_text()
         assert "registry heartbeat failed during shutdown" in log, log[-2000:]
 
+
+
+def send_to_another_thread(pid: int, sig: int) -> int:
+    """Signal one thread of `pid` other than its main thread (tgkill), as the kernel may when it
+    picks the thread of a process that takes a signal; returns that thread's id."""
+    tid = next(int(t) for t in sorted(os.listdir(f"/proc/{pid}/task"), key=int) if int(t) != pid)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(SYS_TGKILL, pid, tid, sig) != 0:
+        raise OSError(ctypes.get_errno(), f"tgkill({pid}, {tid}, {sig}) failed")
+    return tid
+
+
+@pytest.mark.skipif(not (sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")),
+                    reason="tgkill by syscall number, on Linux x86-64 and aarch64")
+def test_sigterm_taken_by_a_thread_other_than_main_still_drains(tmp_path):
+    """Python runs signal handlers in the main thread, and the kernel may hand a process's SIGTERM
+    to any of its threads: the replica must drain and exit all the same (CI once saw a replica
+    ignore its SIGTERM and run its sequences to the end: its main thread slept in an unbounded wait
+    that only a signal of its own could break)."""
+    config = ClusterConfig(pp=1, replicas=1, num_blocks=64, workdir=str(tmp_path), with_gateway=False,
+                           drain_timeout_s=0.0)
+    with LocalCluster(config) as cluster:
+        victim = cluster.process("stage0-replica0-rank0")
+        tid = send_to_another_thread(victim.pid, signal.SIGTERM)
+        try:
+            code = victim.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"SIGTERM taken by thread {tid} of the replica was never acted on: it did not drain")
+        assert code == 0, "a drained replica exits cleanly"
+        log = (cluster.logdir / "stage0-replica0-rank0.log").read_text()
+        assert "draining: 0 sequences running" in log, log[-2000:]
 
 
 def test_sigterm_to_every_rank_of_a_tp_group_at_once_finishes_in_place(tmp_path):
