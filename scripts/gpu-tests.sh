@@ -23,8 +23,8 @@ if [ "${1:-}" = "--print-runs" ]; then
   exit 0
 fi
 if ! "$PY" -c "import shardline.kernels, shardline.stage_worker" 2>/dev/null; then
-  echo "gpu-tests.sh: $PY cannot import shardline's packages (shardline.stage_worker lives in services/stage-worker/); install it" \
-       "first: $PY -m pip install --no-build-isolation --no-deps -e ." >&2
+  echo "gpu-tests.sh: $PY cannot import shardline's packages (shardline.stage_worker lives in" \
+       "services/stage-worker/); install it first: $PY -m pip install --no-build-isolation --no-deps -e ." >&2
   exit 2
 fi
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then

@@ -7,7 +7,8 @@ GPU, keep the fastest, and let the stage worker load the choice.
 Candidates per (N, K, weight dtype, batch rows M): the default (cuBLAS's F.linear; for int8/fp8
 weights, the split-K kernel's default tiles), the split-K small-M Triton kernel
 (shardline/kernels/triton_quant.py; its best tile also with an L2 prefetch AHEAD of
-its loads, `ahead_candidates`), on Hopper the ring GEMM (shardline/kernels/gluon_ring.py) and, for M = 1, the decode GEMV (shardline/kernels/triton_gemv.py and
+its loads, `ahead_candidates`), on Hopper the ring GEMM (shardline/kernels/gluon_ring.py) and,
+for M = 1, the decode GEMV (shardline/kernels/triton_gemv.py and
 cuda_gemv.py) in the fused form the engine runs it (RMSNorm before qkv, the head and gate/up;
 SwiGLU after gate/up), each at a few tile configurations. A candidate's output must first agree
 with the reference (`agrees`); then it is timed as CUDA-graph replays, as the engine runs decode.
