@@ -2,10 +2,12 @@
 # The GPU tests, on a CUDA machine whose Python already has torch with CUDA (no set-up here: GPU
 # machines are often offline). First the kernel and GEMM-tuning tests, spread over worker
 # processes that share the GPU (pytest-xdist): each test is small, and most of its time is Triton
-# compiling on the CPU. Then the engine and end-to-end tests one at a time, since they size their
-# KV caches from the GPU's free memory and start stage-worker processes.
+# compiling on the CPU. Then the engine and end-to-end tests, spread too but over fewer processes
+# (GPU_ENGINE_WORKERS, 6): each builds tiny models and a KV cache of a fixed number of blocks (no
+# test sizes its cache from free memory), and many run a reference path in a process of its own.
+# In one process they outran a 10-minute device call on an H200 (sessions h and j).
 #   bash scripts/gpu-tests.sh            # all of them
-#   GPU_TEST_WORKERS=4 bash scripts/gpu-tests.sh
+#   GPU_TEST_WORKERS=4 GPU_ENGINE_WORKERS=2 bash scripts/gpu-tests.sh
 # With arguments, only `pytest -m gpu` with them (one process); `--print-runs` prints the two runs'
 # paths, one run a line, and exits.
 set -euo pipefail
@@ -36,13 +38,15 @@ if [ $# -gt 0 ]; then
 fi
 cores=$(nproc)
 workers=${GPU_TEST_WORKERS:-$(( cores < 8 ? cores : 8 ))}
-spread=()
+engine_workers=${GPU_ENGINE_WORKERS:-$(( workers < 6 ? workers : 6 ))}
+spread=() spread_rest=()
 if "$PY" -c "import xdist" 2>/dev/null; then
-  spread=(-n "$workers")
+  spread=(-n "$workers") spread_rest=(-n "$engine_workers")
 else
-  echo "gpu-tests.sh: pytest-xdist is not installed, so the kernel tests run in one process (~11 minutes on an H200)"
+  echo "gpu-tests.sh: pytest-xdist is not installed, so each run is one process (the kernel tests ~11" \
+       "minutes on an H200, the engine tests longer than one 10-minute device call)"
 fi
 rc=0  # the second run goes ahead when the first fails, so that one call reports both
 "$PY" -m pytest -q -rs -m gpu -p no:cacheprovider "${spread[@]}" "${SPREAD_TESTS[@]}" || rc=$?
-"$PY" -m pytest -q -rs -m gpu -p no:cacheprovider "${REST_TESTS[@]}" || rc=$?
+"$PY" -m pytest -q -rs -m gpu -p no:cacheprovider --durations 12 "${spread_rest[@]}" "${REST_TESTS[@]}" || rc=$?
 exit $rc
