@@ -202,6 +202,8 @@ def _parse_input(body: dict, chat: bool) -> GenerateInput:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
+        if prompt == "" or prompt == []:  # in this API's words, not the gRPC fields' (validation.py)
+            raise InvalidArgument("prompt is empty: send some text or at least one token id")
         if isinstance(prompt, str):
             req.prompt_text = prompt
         elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

@@ -84,6 +84,8 @@ def test_errors_map_to_http_statuses(bench, model_name):
              ({"prompt": [7] * 300}, 400, "context is 256"),
              ({"prompt": "hi", "model": "nope"}, 404, "model 'nope' is unknown"),
              ({"prompt": {"a": 1}}, 400, "prompt must be"),
+             ({"prompt": ""}, 400, "prompt is empty: send some text or at least one token id"),
+             ({"prompt": []}, 400, "prompt is empty: send some text"),
              ({"prompt": "hi", "n": 2}, 400, "n must be 1"),
              ({"prompt": "hi", "max_tokens": "3"}, 400, "max_tokens must be int"),
              # fields that would change the answer and are not implemented are refused, not ignored
