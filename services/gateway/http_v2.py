@@ -130,6 +130,8 @@ def parse_generate(model: str, body) -> GenerateInput:
         setattr(req, field, value)
     if req.prompt_text is None:
         raise InvalidArgument('text_input is required, e.g. {"text_input": "Hello", "max_tokens": 16}')
+    if not req.prompt_text:
+        raise InvalidArgument('text_input is empty: send some text, e.g. {"text_input": "Hello", "max_tokens": 16}')
     return req
 
 

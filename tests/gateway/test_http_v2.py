@@ -67,6 +67,8 @@ def test_bad_requests_are_refused_in_the_v2_form_naming_the_fix(bench, model_nam
                              admission=AdmissionConfig(max_running=1, max_queued=0))
     port, path = gw.http_port, f"/v2/models/{model_name}/generate"
     cases = [({"max_tokens": 4}, 400, 'text_input is required, e.g. {"text_input": "Hello"'),
+             ({"text_input": "", "max_tokens": 4}, 400, "text_input is empty: send some text"),
+             ({"text_input": [""]}, 400, "text_input is empty: send some text"),
              ({"text_input": "hi", "max_new_tokens": 4}, 400,
               "unknown input(s) max_new_tokens; the generate route takes text_input, max_tokens"),
              ({"text_input": "hi", "max_tokens": "4"}, 400, 'max_tokens must be an integer, got "4"'),
