@@ -19,9 +19,11 @@ k0 + BLOCK_K / 2 + j of each BLOCK_K block, so that a tile decodes as two halves
 This times, at 64 rows, one plain Triton kernel in two forms with the same tiles and loop: reading
 the bf16 weight as it is, and reading the 12-bit form and rebuilding bf16 in registers before the
 product (the weight is the MMA's A operand, so the rebuilt tile need not go back to shared memory).
-Beside them, cuBLAS and the split-K kernel at the H200 table's tile. The question for an engine
-path: does the 12-bit form's time fall toward 0.75 of the bf16 form's, or does rebuilding cost
-what the bytes save?
+A third form reads bf16's own two bytes as two byte planes and joins them in registers: the
+12-bit form's uint8 loads and conversions into the MMA's operand, with little of its arithmetic,
+to tell the two costs apart. Beside them, cuBLAS and the split-K kernel at the H200 table's tile.
+The question for an engine path: does the 12-bit form's time fall toward 0.75 of the bf16 form's,
+or does rebuilding cost what the bytes save?
 """
 
 from __future__ import annotations
@@ -81,11 +83,20 @@ def _rebuild(mant, code, base):
 
 
 @triton.jit
+def _joined(low, high):
+    """bf16 from its low and its high byte."""
+    bits = low.to(tl.int32) | (high.to(tl.int32) << 8)
+    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def _probe_kernel(x_ptr, w_ptr, mant_ptr, codes_ptr, part_ptr, M, N, K, k_per_split, base,
-                  E4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """part[pid_k, :M, tile] = x[:, split's K] @ w[tile, split's K].T, the weight read as bf16 or,
-    with E4, as pack_e4's bytes and codes and rebuilt in registers. Each BLOCK_K step is two
-    products of BLOCK_K / 2 columns (the codes' halves), the weight tile as the MMA's A operand."""
+                  MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """part[pid_k, :M, tile] = x[:, split's K] @ w[tile, split's K].T, the weight read as bf16
+    (MODE 0), as pack_e4's bytes and codes rebuilt in registers (1), or as its two byte planes put
+    together in registers (2: bf16's 2 bytes a weight, loaded and converted as the 12-bit form's
+    are, with little of its arithmetic). Each BLOCK_K step is two products of BLOCK_K / 2 columns (the codes' halves),
+    the weight tile as the MMA's A operand."""
     HALF: tl.constexpr = BLOCK_K // 2
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -98,10 +109,15 @@ def _probe_kernel(x_ptr, w_ptr, mant_ptr, codes_ptr, part_ptr, M, N, K, k_per_sp
     for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
         x_lo = tl.load(x_ptr + xm[:, None] * K + (k0 + j)[None, :], mask=x_mask, other=0.0)
         x_hi = tl.load(x_ptr + xm[:, None] * K + (k0 + HALF + j)[None, :], mask=x_mask, other=0.0)
-        if E4:
+        if MODE == 1:
             c = tl.load(codes_ptr + rows[:, None] * (K // 2) + (k0 // 2 + j)[None, :])
             w_lo = _rebuild(tl.load(mant_ptr + rows[:, None] * K + (k0 + j)[None, :]), c & 0xF, base)
             w_hi = _rebuild(tl.load(mant_ptr + rows[:, None] * K + (k0 + HALF + j)[None, :]), c >> 4, base)
+        elif MODE == 2:
+            w_lo = _joined(tl.load(mant_ptr + rows[:, None] * K + (k0 + j)[None, :]),
+                           tl.load(codes_ptr + rows[:, None] * K + (k0 + j)[None, :]))
+            w_hi = _joined(tl.load(mant_ptr + rows[:, None] * K + (k0 + HALF + j)[None, :]),
+                           tl.load(codes_ptr + rows[:, None] * K + (k0 + HALF + j)[None, :]))
         else:
             w_lo = tl.load(w_ptr + rows[:, None] * K + (k0 + j)[None, :])
             w_hi = tl.load(w_ptr + rows[:, None] * K + (k0 + HALF + j)[None, :])
@@ -112,15 +128,22 @@ def _probe_kernel(x_ptr, w_ptr, mant_ptr, codes_ptr, part_ptr, M, N, K, k_per_sp
     tl.store(part_ptr + pid_k * M * N + xm[:, None] * N + cols[None, :], out, mask=x_mask)
 
 
+def byte_planes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(low bytes, high bytes) of a bf16 [N, K] weight, each [N, K] uint8."""
+    b = w.contiguous().view(torch.uint8).view(*w.shape, 2)
+    return b[..., 0].contiguous(), b[..., 1].contiguous()
+
+
 def probe(x: torch.Tensor, weight, cfg: dict) -> torch.Tensor:
-    """x [M <= 64, K] @ W.T in fp32, W given as a bf16 tensor or as pack_e4's (mant, codes, base)."""
-    e4 = isinstance(weight, tuple)
-    mant, codes, base = weight if e4 else (weight, weight, 0)
+    """x [M <= 64, K] @ W.T in fp32, W given as a bf16 tensor, as pack_e4's (mant, codes, base) or
+    as byte_planes' (low, high)."""
+    mode = 0 if isinstance(weight, torch.Tensor) else 1 if len(weight) == 3 else 2
+    mant, codes, base = (weight, weight, 0) if mode == 0 else weight if mode == 1 else (*weight, 0)
     n, k = mant.shape
     bn, bk, split = cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
     part = torch.empty(split, x.shape[0], n, device=x.device, dtype=torch.float32)
-    _probe_kernel[(n // bn, split)](x, mant, mant, codes, part,  # the pointers E4 does not read: any tensor
-                                    x.shape[0], n, k, k // split, base, E4=e4, BLOCK_M=64, BLOCK_N=bn, BLOCK_K=bk,
+    _probe_kernel[(n // bn, split)](x, mant, mant, codes, part,  # pointers a mode does not read: any tensor
+                                    x.shape[0], n, k, k // split, base, MODE=mode, BLOCK_M=64, BLOCK_N=bn, BLOCK_K=bk,
                                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return part.sum(0) if split > 1 else part[0]
 
@@ -159,7 +182,7 @@ def main() -> None:
         copies = max(1, -(-(512 << 20) // (w.numel() * 2)))  # >= 512 MB of weights: L2 holds none of it
         ws = [w] + [w.clone() for _ in range(copies - 1)]
         x = torch.randn(64, k, device="cuda", dtype=torch.bfloat16)
-        packed = {}
+        packed, planes = {}, None
         gb = w.numel() * 2 / 1e3  # bf16 bytes / 1e3: GB/s of bf16-equivalent weight from us
 
         def report(variant, us, ok, cfg=None, **extra):
@@ -188,7 +211,11 @@ def main() -> None:
                    agrees(probe(x, w, cfg), ref), cfg)
             report("probe, 12-bit (E4)", _time_graph_us(lambda i: probe(x, packed[bk][i], cfg), copies),
                    agrees(probe(x, packed[bk][0], cfg), ref_e4), cfg, escaped=round(frac, 6), base=base)
-        del ws, packed
+            if planes is None:
+                planes = [byte_planes(t) for t in ws]
+            report("probe, byte planes", _time_graph_us(lambda i: probe(x, planes[i], cfg), copies),
+                   agrees(probe(x, planes[0], cfg), ref), cfg)
+        del ws, packed, planes
         torch.cuda.empty_cache()
     print(f"\n{torch.cuda.get_device_name()}: 64 rows, us a launch (GB/s of the bf16 weight it stands for)")
     best = {}
@@ -200,9 +227,10 @@ def main() -> None:
             key = (r["shape"], r["variant"])
             best[key] = min(best.get(key, float("inf")), r["us"])
     for name in names:
-        b16, e4 = best.get((name, "probe, bf16")), best.get((name, "probe, 12-bit (E4)"))
-        if b16 and e4:
-            print(f"{name}: best 12-bit {e4:.2f} us against best bf16 {b16:.2f} us: {e4 / b16:.3f} (bytes 0.75)")
+        b16, e4, bp = (best.get((name, v)) for v in ("probe, bf16", "probe, 12-bit (E4)", "probe, byte planes"))
+        if b16 and e4 and bp:
+            print(f"{name}: best bf16 {b16:.2f} us; 12-bit {e4:.2f} ({e4 / b16:.3f}; bytes 0.75); "
+                  f"byte planes {bp:.2f} ({bp / b16:.3f}; bytes 1)")
 
 
 if __name__ == "__main__":

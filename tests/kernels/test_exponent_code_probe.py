@@ -51,7 +51,7 @@ def test_the_probe_multiplies_by_the_weight_it_rebuilds(device, split_k):
     """The 12-bit path's product is the bf16 path's on the rebuilt weight, bit for bit (the same
     tiles, order and bits; under the interpreter too, whose bf16 dot is wrong but the same for the
     same bits), and on the GPU it is x @ W.T. Rows past M (5 of 64) are masked."""
-    from benchmarks.exponent_code_probe import probe
+    from benchmarks.exponent_code_probe import byte_planes, probe
     w = _weight(128, 512, device)
     x = torch.randn(5, 512, device=device).to(torch.bfloat16)
     cfg = dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=split_k, num_warps=4, num_stages=2)
@@ -59,6 +59,7 @@ def test_the_probe_multiplies_by_the_weight_it_rebuilds(device, split_k):
     rebuilt = unpack_e4(mant, codes, base, 128)
     got = probe(x, (mant, codes, base), cfg)
     assert torch.equal(got, probe(x, rebuilt, cfg))
+    assert torch.equal(probe(x, byte_planes(w), cfg), probe(x, w, cfg)), "the byte planes join to the weight"
     if device == "cuda":
         ref = x.float() @ rebuilt.float().T
         assert (got - ref).abs().max().item() <= 1e-3 * ref.abs().max().item()
