@@ -4,9 +4,9 @@
 
 The batch-64 step streams 15 GB of bf16 weights a step and is bound by that stream (docs/benchmarks.md:
 its products run at 3.8 TB/s, the copy rate is 4.26). A bf16 weight is a sign, 8 exponent bits and
-7 mantissa bits, and a layer's exponents take few values: weights of std 0.02 use 28 exponents,
-with 2.55 bits of entropy, and the top 15 hold 99.985% of them (trained checkpoints are alike;
-lossless formats such as DFloat11 build on it). So a weight can be stored, losslessly, as
+7 mantissa bits, and a layer's exponents take few values: random weights of std 0.02 (the
+benchmarks') use 28 exponents, with 2.55 bits of entropy, and the top 15 hold 99.985% of them (a
+trained checkpoint's would need measuring). So a weight can be stored, losslessly, as
 
 - one byte: its sign and its 7 mantissa bits, and
 - a 4-bit code: its exponent minus the tensor's base (the largest exponent - 14), 15 meaning "not
