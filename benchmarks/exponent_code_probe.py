@@ -128,6 +128,46 @@ def _probe_kernel(x_ptr, w_ptr, mant_ptr, codes_ptr, part_ptr, M, N, K, k_per_sp
     tl.store(part_ptr + pid_k * M * N + xm[:, None] * N + cols[None, :], out, mask=x_mask)
 
 
+@triton.jit
+def _probe_tma_kernel(x_desc, w_desc, mant_desc, codes_desc, part_ptr, M, N, k_per_split, base, MODE: tl.constexpr,
+                      X_AS_A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """_probe_kernel with every tile through a tensor descriptor (TMA into shared memory, as the
+    table's kernels load), and with X_AS_A the product the other way round, x the MMA's A operand
+    and the rebuilt weight its B, as the split-K kernel multiplies."""
+    HALF: tl.constexpr = BLOCK_K // 2
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    row0 = pid_n * BLOCK_N
+    if X_AS_A:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    k_lo = pid_k * k_per_split
+    for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
+        x_lo = x_desc.load([0, k0])
+        x_hi = x_desc.load([0, k0 + HALF])
+        if MODE == 1:
+            c = codes_desc.load([row0, k0 // 2])
+            w_lo = _rebuild(mant_desc.load([row0, k0]), c & 0xF, base)
+            w_hi = _rebuild(mant_desc.load([row0, k0 + HALF]), c >> 4, base)
+        elif MODE == 2:
+            w_lo = _joined(mant_desc.load([row0, k0]), codes_desc.load([row0, k0]))
+            w_hi = _joined(mant_desc.load([row0, k0 + HALF]), codes_desc.load([row0, k0 + HALF]))
+        else:
+            w_lo = w_desc.load([row0, k0])
+            w_hi = w_desc.load([row0, k0 + HALF])
+        if X_AS_A:
+            acc = tl.dot(x_lo, tl.trans(w_lo), acc)
+            acc = tl.dot(x_hi, tl.trans(w_hi), acc)
+        else:
+            acc = tl.dot(w_lo, tl.trans(x_lo), acc)
+            acc = tl.dot(w_hi, tl.trans(x_hi), acc)
+    out = acc if X_AS_A else tl.trans(acc)  # [BLOCK_M, BLOCK_N]
+    xm = tl.arange(0, BLOCK_M)
+    cols = row0 + tl.arange(0, BLOCK_N)
+    tl.store(part_ptr + pid_k * M * N + xm[:, None] * N + cols[None, :], out, mask=xm[:, None] < M)
+
+
 def byte_planes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(low bytes, high bytes) of a bf16 [N, K] weight, each [N, K] uint8."""
     b = w.contiguous().view(torch.uint8).view(*w.shape, 2)
@@ -142,6 +182,16 @@ def probe(x: torch.Tensor, weight, cfg: dict) -> torch.Tensor:
     n, k = mant.shape
     bn, bk, split = cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
     part = torch.empty(split, x.shape[0], n, device=x.device, dtype=torch.float32)
+    if cfg.get("TMA"):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        half = bk // 2  # a tile: half a block's columns (bf16, bytes, or E4's codes, [N, K / 2])
+        x_desc, w_desc, codes_desc = (TensorDescriptor.from_tensor(t, [rows, half])
+                                      for t, rows in ((x, 64), (mant, bn), (codes, bn)))
+        _probe_tma_kernel[(n // bn, split)](x_desc, w_desc, w_desc, codes_desc, part, x.shape[0], n, k // split,
+                                            base, MODE=mode, X_AS_A=bool(cfg.get("X_AS_A")), BLOCK_M=64,
+                                            BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg["num_warps"],
+                                            num_stages=cfg["num_stages"])
+        return part.sum(0) if split > 1 else part[0]
     _probe_kernel[(n // bn, split)](x, mant, mant, codes, part,  # pointers a mode does not read: any tensor
                                     x.shape[0], n, k, k // split, base, MODE=mode, BLOCK_M=64, BLOCK_N=bn, BLOCK_K=bk,
                                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
@@ -149,7 +199,11 @@ def probe(x: torch.Tensor, weight, cfg: dict) -> torch.Tensor:
 
 
 SHAPES = {"gate/up": (28672, 4096), "down": (4096, 14336), "qkv": (6144, 4096)}
-TILES = [dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4),
+TILES = [dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4, TMA=1),
+         dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4, TMA=1, X_AS_A=1),
+         dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=5, TMA=1),
+         dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=5, TMA=1, X_AS_A=1),
+         dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4),
          dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, num_warps=8, num_stages=4),
          dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=5),
          dict(BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=3),

@@ -46,15 +46,15 @@ def test_pack_names_what_it_takes(w, block_k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("split_k", [1, 2])
-def test_the_probe_multiplies_by_the_weight_it_rebuilds(device, split_k):
+@pytest.mark.parametrize("split_k, loads", [(1, {}), (2, {}), (1, {"TMA": 1}), (2, {"TMA": 1, "X_AS_A": 1})])
+def test_the_probe_multiplies_by_the_weight_it_rebuilds(device, split_k, loads):
     """The 12-bit path's product is the bf16 path's on the rebuilt weight, bit for bit (the same
     tiles, order and bits; under the interpreter too, whose bf16 dot is wrong but the same for the
     same bits), and on the GPU it is x @ W.T. Rows past M (5 of 64) are masked."""
     from benchmarks.exponent_code_probe import byte_planes, probe
     w = _weight(128, 512, device)
     x = torch.randn(5, 512, device=device).to(torch.bfloat16)
-    cfg = dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=split_k, num_warps=4, num_stages=2)
+    cfg = dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=split_k, num_warps=4, num_stages=2, **loads)
     mant, codes, base, _ = pack_e4(w, 128)
     rebuilt = unpack_e4(mant, codes, base, 128)
     got = probe(x, (mant, codes, base), cfg)
@@ -66,11 +66,12 @@ def test_the_probe_multiplies_by_the_weight_it_rebuilds(device, split_k):
 
 
 @pytest.mark.gpu
-def test_the_probe_loop_computes_the_product(device):
-    """The kernel's loop and masks, checked in fp16, which the interpreter multiplies correctly."""
+@pytest.mark.parametrize("loads", [{}, {"TMA": 1}, {"TMA": 1, "X_AS_A": 1}])
+def test_the_probe_loop_computes_the_product(device, loads):
+    """The kernels' loops and masks, checked in fp16, which the interpreter multiplies correctly."""
     from benchmarks.exponent_code_probe import probe
     w = torch.randn(128, 512, device=device).half() * 0.02
     x = torch.randn(5, 512, device=device).half()
-    got = probe(x, w, dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=2))
+    got = probe(x, w, dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=2, **loads))
     ref = x.float() @ w.float().T
     assert (got - ref).abs().max().item() <= 1e-3 * ref.abs().max().item()
