@@ -16,14 +16,15 @@ trained checkpoint's would need measuring). So a weight can be stored, losslessl
 12 bits instead of 16: 0.75 of the bytes. Codes are stored two to a byte, code k0 + j beside code
 k0 + BLOCK_K / 2 + j of each BLOCK_K block, so that a tile decodes as two halves without a shuffle.
 
-This times, at 64 rows, one plain Triton kernel in two forms with the same tiles and loop: reading
-the bf16 weight as it is, and reading the 12-bit form and rebuilding bf16 in registers before the
-product (the weight is the MMA's A operand, so the rebuilt tile need not go back to shared memory).
-A third form reads bf16's own two bytes as two byte planes and joins them in registers: the
-12-bit form's uint8 loads and conversions into the MMA's operand, with little of its arithmetic,
-to tell the two costs apart. Beside them, cuBLAS and the split-K kernel at the H200 table's tile.
-The question for an engine path: does the 12-bit form's time fall toward 0.75 of the bf16 form's,
-or does rebuilding cost what the bytes save?
+This times, at 64 rows, plain Triton kernels (tiles by pointer loads or, with TMA=1 in the tile,
+through tensor descriptors; the weight the MMA's A operand or, with X_AS_A=1, its B) in forms
+with the same tiles and loop: reading the bf16 weight as it is, and reading the 12-bit form and
+rebuilding bf16 in registers before the product. A third form reads bf16's own two bytes as two
+byte planes and joins them in registers: the 12-bit form's uint8 loads and conversions into the
+MMA's operand, with little of its arithmetic, to tell the two costs apart. Beside them, cuBLAS
+and the split-K kernel at the H200 table's tile. The question for an engine path: does the
+12-bit form's time fall toward 0.75 of the bf16 form's, or does rebuilding cost what the bytes
+save? (On an H200, session k: it cost 2.0-2.7x the bf16 form's time; docs/benchmarks.md.)
 """
 
 from __future__ import annotations
