@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 ESCAPE = 15  # the code of an exponent outside the window
+_ESCAPE = tl.constexpr(ESCAPE)
 
 
 def pack_e4(w: torch.Tensor, block_k: int) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
@@ -74,30 +75,32 @@ def unpack_e4(mant: torch.Tensor, codes: torch.Tensor, base: int, block_k: int) 
 
 
 @triton.jit
-def _rebuild(mant, code, base):
-    """bf16 from a sign-and-mantissa byte and a 4-bit exponent code (ESCAPE -> 0)."""
-    m = mant.to(tl.int32)
-    c = code.to(tl.int32)
-    bits = ((m & 0x80) << 8) | ((c + base) << 7) | (m & 0x7F)
-    bits = tl.where(c == 15, 0, bits)
+def _weight_half(MODE: tl.constexpr, first, second, base, HIGH: tl.constexpr):
+    """Half a BLOCK_K step's weight tile in bf16, from what the form stores: MODE 0, the tile itself
+    (`first`; `second` unused); 1, pack_e4's sign-and-mantissa bytes (`first`) and the codes
+    (`second`, this half's nibble: the high one when HIGH), ESCAPE rebuilt as 0; 2, the low and the
+    high byte planes."""
+    if MODE == 0:
+        return first
+    m = first.to(tl.int32)
+    if MODE == 1:
+        c = (second.to(tl.int32) >> 4) if HIGH else (second.to(tl.int32) & 0xF)
+        bits = ((m & 0x80) << 8) | ((c + base) << 7) | (m & 0x7F)
+        bits = tl.where(c == _ESCAPE, 0, bits)
+    else:
+        bits = m | (second.to(tl.int32) << 8)
     return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
-def _joined(low, high):
-    """bf16 from its low and its high byte."""
-    bits = low.to(tl.int32) | (high.to(tl.int32) << 8)
-    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def _probe_kernel(x_ptr, w_ptr, mant_ptr, codes_ptr, part_ptr, M, N, K, k_per_split, base,
+def _probe_kernel(x_ptr, w_ptr, second_ptr, part_ptr, M, N, K, k_per_split, base,
                   MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """part[pid_k, :M, tile] = x[:, split's K] @ w[tile, split's K].T, the weight read as bf16
-    (MODE 0), as pack_e4's bytes and codes rebuilt in registers (1), or as its two byte planes put
-    together in registers (2: bf16's 2 bytes a weight, loaded and converted as the 12-bit form's
-    are, with little of its arithmetic). Each BLOCK_K step is two products of BLOCK_K / 2 columns (the codes' halves),
-    the weight tile as the MMA's A operand."""
+    (MODE 0: w_ptr the weight), as pack_e4's bytes and codes rebuilt in registers (1: w_ptr the
+    bytes, second_ptr the codes), or as its two byte planes put together in registers (2: w_ptr the
+    low plane, second_ptr the high; bf16's 2 bytes a weight, loaded and converted as the 12-bit
+    form's are, with little of its arithmetic). Each BLOCK_K step is two products of BLOCK_K / 2
+    columns (the codes' halves), the weight tile as the MMA's A operand."""
     HALF: tl.constexpr = BLOCK_K // 2
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -110,18 +113,16 @@ def _probe_kernel(x_ptr, w_ptr, mant_ptr, codes_ptr, part_ptr, M, N, K, k_per_sp
     for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
         x_lo = tl.load(x_ptr + xm[:, None] * K + (k0 + j)[None, :], mask=x_mask, other=0.0)
         x_hi = tl.load(x_ptr + xm[:, None] * K + (k0 + HALF + j)[None, :], mask=x_mask, other=0.0)
-        if MODE == 1:
-            c = tl.load(codes_ptr + rows[:, None] * (K // 2) + (k0 // 2 + j)[None, :])
-            w_lo = _rebuild(tl.load(mant_ptr + rows[:, None] * K + (k0 + j)[None, :]), c & 0xF, base)
-            w_hi = _rebuild(tl.load(mant_ptr + rows[:, None] * K + (k0 + HALF + j)[None, :]), c >> 4, base)
+        lo = rows[:, None] * K + (k0 + j)[None, :]  # the offsets of this step's first half in [N, K]
+        second_lo, second_hi = x_lo, x_lo  # MODE 0 reads nothing more (_weight_half leaves these)
+        if MODE == 1:  # one codes tile serves both halves
+            second_lo = tl.load(second_ptr + rows[:, None] * (K // 2) + (k0 // 2 + j)[None, :])
+            second_hi = second_lo
         elif MODE == 2:
-            w_lo = _joined(tl.load(mant_ptr + rows[:, None] * K + (k0 + j)[None, :]),
-                           tl.load(codes_ptr + rows[:, None] * K + (k0 + j)[None, :]))
-            w_hi = _joined(tl.load(mant_ptr + rows[:, None] * K + (k0 + HALF + j)[None, :]),
-                           tl.load(codes_ptr + rows[:, None] * K + (k0 + HALF + j)[None, :]))
-        else:
-            w_lo = tl.load(w_ptr + rows[:, None] * K + (k0 + j)[None, :])
-            w_hi = tl.load(w_ptr + rows[:, None] * K + (k0 + HALF + j)[None, :])
+            second_lo = tl.load(second_ptr + lo)
+            second_hi = tl.load(second_ptr + lo + HALF)
+        w_lo = _weight_half(MODE, tl.load(w_ptr + lo), second_lo, base, False)
+        w_hi = _weight_half(MODE, tl.load(w_ptr + lo + HALF), second_hi, base, True)
         acc = tl.dot(w_lo, tl.trans(x_lo), acc)
         acc = tl.dot(w_hi, tl.trans(x_hi), acc)
     out = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
@@ -130,7 +131,7 @@ def _probe_kernel(x_ptr, w_ptr, mant_ptr, codes_ptr, part_ptr, M, N, K, k_per_sp
 
 
 @triton.jit
-def _probe_tma_kernel(x_desc, w_desc, mant_desc, codes_desc, part_ptr, M, N, k_per_split, base, MODE: tl.constexpr,
+def _probe_tma_kernel(x_desc, w_desc, second_desc, part_ptr, M, N, k_per_split, base, MODE: tl.constexpr,
                       X_AS_A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """_probe_kernel with every tile through a tensor descriptor (TMA into shared memory, as the
     table's kernels load), and with X_AS_A the product the other way round, x the MMA's A operand
@@ -147,16 +148,15 @@ def _probe_tma_kernel(x_desc, w_desc, mant_desc, codes_desc, part_ptr, M, N, k_p
     for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
         x_lo = x_desc.load([0, k0])
         x_hi = x_desc.load([0, k0 + HALF])
+        second_lo, second_hi = x_lo, x_lo  # as in _probe_kernel
         if MODE == 1:
-            c = codes_desc.load([row0, k0 // 2])
-            w_lo = _rebuild(mant_desc.load([row0, k0]), c & 0xF, base)
-            w_hi = _rebuild(mant_desc.load([row0, k0 + HALF]), c >> 4, base)
+            second_lo = second_desc.load([row0, k0 // 2])
+            second_hi = second_lo
         elif MODE == 2:
-            w_lo = _joined(mant_desc.load([row0, k0]), codes_desc.load([row0, k0]))
-            w_hi = _joined(mant_desc.load([row0, k0 + HALF]), codes_desc.load([row0, k0 + HALF]))
-        else:
-            w_lo = w_desc.load([row0, k0])
-            w_hi = w_desc.load([row0, k0 + HALF])
+            second_lo = second_desc.load([row0, k0])
+            second_hi = second_desc.load([row0, k0 + HALF])
+        w_lo = _weight_half(MODE, w_desc.load([row0, k0]), second_lo, base, False)
+        w_hi = _weight_half(MODE, w_desc.load([row0, k0 + HALF]), second_hi, base, True)
         if X_AS_A:
             acc = tl.dot(x_lo, tl.trans(w_lo), acc)
             acc = tl.dot(x_hi, tl.trans(w_hi), acc)
@@ -179,21 +179,21 @@ def probe(x: torch.Tensor, weight, cfg: dict) -> torch.Tensor:
     """x [M <= 64, K] @ W.T in fp32, W given as a bf16 tensor, as pack_e4's (mant, codes, base) or
     as byte_planes' (low, high)."""
     mode = 0 if isinstance(weight, torch.Tensor) else 1 if len(weight) == 3 else 2
-    mant, codes, base = (weight, weight, 0) if mode == 0 else weight if mode == 1 else (*weight, 0)
-    n, k = mant.shape
+    first, second, base = (weight, weight, 0) if mode == 0 else weight if mode == 1 else (*weight, 0)
+    n, k = first.shape
     bn, bk, split = cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
     part = torch.empty(split, x.shape[0], n, device=x.device, dtype=torch.float32)
     if cfg.get("TMA"):
         from triton.tools.tensor_descriptor import TensorDescriptor
         half = bk // 2  # a tile: half a block's columns (bf16, bytes, or E4's codes, [N, K / 2])
-        x_desc, w_desc, codes_desc = (TensorDescriptor.from_tensor(t, [rows, half])
-                                      for t, rows in ((x, 64), (mant, bn), (codes, bn)))
-        _probe_tma_kernel[(n // bn, split)](x_desc, w_desc, w_desc, codes_desc, part, x.shape[0], n, k // split,
+        x_desc, w_desc, second_desc = (TensorDescriptor.from_tensor(t, [rows, half])
+                                       for t, rows in ((x, 64), (first, bn), (second, bn)))
+        _probe_tma_kernel[(n // bn, split)](x_desc, w_desc, second_desc, part, x.shape[0], n, k // split,
                                             base, MODE=mode, X_AS_A=bool(cfg.get("X_AS_A")), BLOCK_M=64,
                                             BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg["num_warps"],
                                             num_stages=cfg["num_stages"])
         return part.sum(0) if split > 1 else part[0]
-    _probe_kernel[(n // bn, split)](x, mant, mant, codes, part,  # pointers a mode does not read: any tensor
+    _probe_kernel[(n // bn, split)](x, first, second, part,  # MODE 0 does not read `second`
                                     x.shape[0], n, k, k // split, base, MODE=mode, BLOCK_M=64, BLOCK_N=bn, BLOCK_K=bk,
                                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return part.sum(0) if split > 1 else part[0]
