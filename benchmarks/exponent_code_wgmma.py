@@ -278,7 +278,15 @@ def _probe_kernel(x_desc, w_desc, n_desc, part_ptr, M, N, K, add, MODE: gl.const
     gl.store(part_ptr + pid_k * M * N + offs_m[None, :] * N + offs_n[:, None], acc, mask=offs_m[None, :] < M)
 
 
-def _descriptors(x: torch.Tensor, weight, block_w: int, block_k: int):
+def _plane_smem(block_w: int, width: int, swizzle: bool):
+    """A plane tile's shared layout: unswizzled, or swizzled as wide as its row (up to 128 bytes) so
+    the 8 rows a warp's load spans fall in different banks."""
+    if swizzle:
+        return gl.NVMMASharedLayout.get_default_for([block_w, width], gl.int32)
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+def _descriptors(x: torch.Tensor, weight, block_w: int, block_k: int, swizzle: bool = True):
     """(x_desc, w_desc, n_desc, add, mode, bytes a stage) for a bf16 weight or pack's planes."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     x_desc = TensorDescriptor.from_tensor(x, [ROWS, block_k], gl.NVMMASharedLayout.get_default_for([ROWS, block_k],
@@ -288,21 +296,22 @@ def _descriptors(x: torch.Tensor, weight, block_w: int, block_k: int):
                                               gl.NVMMASharedLayout.get_default_for([block_w, block_k], gl.bfloat16))
         return x_desc, w_desc, w_desc, 0, w_desc.block_shape, 2 * block_k * (ROWS + block_w)
     b_plane, n_plane, base = weight
-    plain = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-    w_desc = TensorDescriptor.from_tensor(b_plane.view(torch.int32), [block_w, block_k // 4], plain)
-    n_desc = TensorDescriptor.from_tensor(n_plane.view(torch.int32), [block_w, block_k // 8], plain)
+    w_desc = TensorDescriptor.from_tensor(b_plane.view(torch.int32), [block_w, block_k // 4],
+                                          _plane_smem(block_w, block_k // 4, swizzle))
+    n_desc = TensorDescriptor.from_tensor(n_plane.view(torch.int32), [block_w, block_k // 8],
+                                          _plane_smem(block_w, block_k // 8, swizzle))
     return x_desc, w_desc, n_desc, (base // 2) * 0x01010101, None, 2 * block_k * ROWS + block_w * block_k * 3 // 2
 
 
-def probe(x: torch.Tensor, weight, cfg: dict, mode: int | None = None) -> torch.Tensor:
+def probe(x: torch.Tensor, weight, cfg: dict, mode: int | None = None, swizzle: bool = True) -> torch.Tensor:
     """x [M <= 64, K] @ W.T in fp32; `weight` the bf16 W (mode 0, or 2 with mode=2) or pack's
-    (B plane, N plane, base) (mode 1). cfg: BLOCK_K, SPLIT_K, STAGES, num_warps (4: 64 weight rows
-    a program, 8: 128)."""
+    (B plane, N plane, base) (mode 1, its planes in swizzled shared memory or not). cfg: BLOCK_K,
+    SPLIT_K, STAGES, num_warps (4: 64 weight rows a program, 8: 128)."""
     packed = not isinstance(weight, torch.Tensor)
     mode = 1 if packed else (mode or 0)
     n, k = weight[0].shape if packed else weight.shape
     block_w, block_k, split = 16 * cfg["num_warps"], cfg["BLOCK_K"], cfg["SPLIT_K"]
-    x_desc, w_desc, n_desc, add, _, nbytes = _descriptors(x, weight, block_w, block_k)
+    x_desc, w_desc, n_desc, add, _, nbytes = _descriptors(x, weight, block_w, block_k, swizzle)
     part = torch.empty(split, x.shape[0], n, device=x.device, dtype=torch.float32)
     _probe_kernel[(n // block_w, split)](x_desc, w_desc, n_desc, part, x.shape[0], n, k, add, MODE=mode,
                                          SPLIT_K=split, STAGES=cfg["STAGES"], NBYTES=nbytes,
@@ -310,7 +319,7 @@ def probe(x: torch.Tensor, weight, cfg: dict, mode: int | None = None) -> torch.
     return part.sum(0) if split > 1 else part[0]
 
 
-def compile_for_sm90(mode: int, block_k: int, stages: int, num_warps: int, split_k: int = 1):
+def compile_for_sm90(mode: int, block_k: int, stages: int, num_warps: int, split_k: int = 1, swizzle: bool = True):
     """The probe kernel as `probe` launches it, compiled for sm_90 on any machine (no GPU)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -320,9 +329,8 @@ def compile_for_sm90(mode: int, block_k: int, stages: int, num_warps: int, split
     block_w = 16 * num_warps
     x_layout = gl.NVMMASharedLayout.get_default_for([64, block_k], gl.bfloat16)
     if mode == 1:
-        plain = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-        w_desc = f"tensordesc<i32[{block_w}, {block_k // 4}],{plain!r}>"
-        n_desc = f"tensordesc<i32[{block_w}, {block_k // 8}],{plain!r}>"
+        w_desc = f"tensordesc<i32[{block_w}, {block_k // 4}],{_plane_smem(block_w, block_k // 4, swizzle)!r}>"
+        n_desc = f"tensordesc<i32[{block_w}, {block_k // 8}],{_plane_smem(block_w, block_k // 8, swizzle)!r}>"
         nbytes = 2 * block_k * 64 + block_w * block_k * 3 // 2
     else:
         w_layout = gl.NVMMASharedLayout.get_default_for([block_w, block_k], gl.bfloat16)
@@ -397,8 +405,10 @@ def main() -> None:
                        agrees(probe(x, w, cfg), ref), cfg)
                 report("bf16, A from registers", _time_graph_us(lambda i: probe(x, ws[i], cfg, mode=2), copies),
                        agrees(probe(x, w, cfg, mode=2), ref), cfg)
-                report("12-bit, rebuilt in registers", _time_graph_us(lambda i: probe(x, packed[i], cfg), copies),
-                       agrees(probe(x, packed[0], cfg), ref_e4), cfg, below=round(below, 6))
+                for swz in (False, True):
+                    report(f"12-bit, {'swizzled' if swz else 'plain'} planes",
+                           _time_graph_us(lambda i: probe(x, packed[i], cfg, swizzle=swz), copies),
+                           agrees(probe(x, packed[0], cfg, swizzle=swz), ref_e4), cfg, below=round(below, 6))
             except Exception as e:  # a tile that does not compile or fit: say so, go on
                 print(json.dumps({"shape": name, "tiles": cfg, "error": f"{type(e).__name__}: {e}"[:400]}), flush=True)
         del ws, packed
@@ -413,8 +423,9 @@ def main() -> None:
             key = (r["shape"], r["variant"].split(" (")[0])
             best[key] = min(best.get(key, float("inf")), r["us"])
     for name in names:
-        b16, reg, e4 = (best.get((name, v)) for v in ("bf16, A from shared", "bf16, A from registers",
-                                                       "12-bit, rebuilt in registers"))
+        b16, reg, *e4s = (best.get((name, v)) for v in ("bf16, A from shared", "bf16, A from registers",
+                                                         "12-bit, plain planes", "12-bit, swizzled planes"))
+        e4 = min((t for t in e4s if t), default=None)
         if b16 and reg and e4:
             print(f"{name}: best bf16 {b16:.2f} us; A from registers {reg:.2f} ({reg / b16:.3f}); "
                   f"12-bit {e4:.2f} ({e4 / b16:.3f}; bytes 0.75)")

@@ -82,8 +82,9 @@ def test_the_kernel_multiplies_by_the_weight_it_rebuilds(device, cfg):
     x = torch.randn(5, 1024, device=device).to(torch.bfloat16)
     b_plane, n_plane, base, _ = pack(w)
     rebuilt = unpack(b_plane, n_plane, base)
-    for got, weight in ((probe(x, (b_plane, n_plane, base), cfg), rebuilt), (probe(x, w, cfg), w),
-                        (probe(x, w, cfg, mode=2), w)):
+    planes = (b_plane, n_plane, base)
+    for got, weight in ((probe(x, planes, cfg), rebuilt), (probe(x, planes, cfg, swizzle=False), rebuilt),
+                        (probe(x, w, cfg), w), (probe(x, w, cfg, mode=2), w)):
         ref = x.float() @ weight.float().T
         assert got.shape == ref.shape
         assert (got - ref).abs().max().item() <= 1e-3 * ref.abs().max().item()
