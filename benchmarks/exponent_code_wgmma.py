@@ -349,6 +349,7 @@ SHAPES = {"gate/up": (28672, 4096), "down": (4096, 14336), "qkv": (6144, 4096), 
 TILES = [dict(BLOCK_K=128, SPLIT_K=1, STAGES=4, num_warps=8),
          dict(BLOCK_K=128, SPLIT_K=1, STAGES=5, num_warps=4),
          dict(BLOCK_K=64, SPLIT_K=1, STAGES=8, num_warps=8),
+         dict(BLOCK_K=256, SPLIT_K=1, STAGES=3, num_warps=4),
          dict(BLOCK_K=128, SPLIT_K=2, STAGES=4, num_warps=8),
          dict(BLOCK_K=64, SPLIT_K=2, STAGES=8, num_warps=4),
          dict(BLOCK_K=128, SPLIT_K=4, STAGES=4, num_warps=8)]
@@ -400,17 +401,17 @@ def main() -> None:
         for cfg in TILES[:2] if args.quick else TILES:
             if not fits(n, k, cfg):
                 continue
-            try:
-                report("bf16, A from shared", _time_graph_us(lambda i: probe(x, ws[i], cfg), copies),
-                       agrees(probe(x, w, cfg), ref), cfg)
-                report("bf16, A from registers", _time_graph_us(lambda i: probe(x, ws[i], cfg, mode=2), copies),
-                       agrees(probe(x, w, cfg, mode=2), ref), cfg)
-                for swz in (False, True):
-                    report(f"12-bit, {'swizzled' if swz else 'plain'} planes",
-                           _time_graph_us(lambda i: probe(x, packed[i], cfg, swizzle=swz), copies),
-                           agrees(probe(x, packed[0], cfg, swizzle=swz), ref_e4), cfg, below=round(below, 6))
-            except Exception as e:  # a tile that does not compile or fit: say so, go on
-                print(json.dumps({"shape": name, "tiles": cfg, "error": f"{type(e).__name__}: {e}"[:400]}), flush=True)
+            variants = [("bf16, A from shared", ws, w, ref, {}), ("bf16, A from registers", ws, w, ref, {"mode": 2}),
+                        ("12-bit, plain planes", packed, packed[0], ref_e4, {"swizzle": False}),
+                        ("12-bit, swizzled planes", packed, packed[0], ref_e4, {"swizzle": True})]
+            for variant, weights, first, want, kw in variants:
+                try:
+                    report(variant, _time_graph_us(lambda i: probe(x, weights[i], cfg, **kw), copies),
+                           agrees(probe(x, first, cfg, **kw), want), cfg,
+                           **({"below": round(below, 6)} if weights is packed else {}))
+                except Exception as e:  # a tile that does not compile or fit: say so, go on
+                    print(json.dumps({"shape": name, "variant": variant, "tiles": cfg,
+                                      "error": f"{type(e).__name__}: {e}"[:300]}), flush=True)
         del ws, packed
         torch.cuda.empty_cache()
     print(f"\n{torch.cuda.get_device_name()}: 64 rows, us a launch (GB/s of the bf16 weight it stands for)")
