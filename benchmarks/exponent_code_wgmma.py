@@ -50,7 +50,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-ROWS = gl.constexpr(64)  # x's rows: the batch, the wgmma's N
+X_ROWS = 64  # x's rows: the batch, the wgmma's N (host code takes the int, kernels the constexpr)
+ROWS = gl.constexpr(X_ROWS)
 MASK = 0x87878787  # a byte's sign bit and its 3 bits of c >> 1
 
 
@@ -152,7 +153,7 @@ def _plane_layout(words_per_block, num_warps, width):
 @gluon.constexpr_function
 def _acc_layout(num_warps):
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[int(getattr(num_warps, "value", num_warps)), 1],
-                                     instr_shape=[16, ROWS, 16])
+                                     instr_shape=[16, X_ROWS, 16])
 
 
 @gluon.jit
@@ -289,18 +290,18 @@ def _plane_smem(block_w: int, width: int, swizzle: bool):
 def _descriptors(x: torch.Tensor, weight, block_w: int, block_k: int, swizzle: bool = True):
     """(x_desc, w_desc, n_desc, add, mode, bytes a stage) for a bf16 weight or pack's planes."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    x_desc = TensorDescriptor.from_tensor(x, [ROWS, block_k], gl.NVMMASharedLayout.get_default_for([ROWS, block_k],
+    x_desc = TensorDescriptor.from_tensor(x, [X_ROWS, block_k], gl.NVMMASharedLayout.get_default_for([X_ROWS, block_k],
                                                                                                   gl.bfloat16))
     if isinstance(weight, torch.Tensor):
         w_desc = TensorDescriptor.from_tensor(weight, [block_w, block_k],
                                               gl.NVMMASharedLayout.get_default_for([block_w, block_k], gl.bfloat16))
-        return x_desc, w_desc, w_desc, 0, w_desc.block_shape, 2 * block_k * (ROWS + block_w)
+        return x_desc, w_desc, w_desc, 0, w_desc.block_shape, 2 * block_k * (X_ROWS + block_w)
     b_plane, n_plane, base = weight
     w_desc = TensorDescriptor.from_tensor(b_plane.view(torch.int32), [block_w, block_k // 4],
                                           _plane_smem(block_w, block_k // 4, swizzle))
     n_desc = TensorDescriptor.from_tensor(n_plane.view(torch.int32), [block_w, block_k // 8],
                                           _plane_smem(block_w, block_k // 8, swizzle))
-    return x_desc, w_desc, n_desc, (base // 2) * 0x01010101, None, 2 * block_k * ROWS + block_w * block_k * 3 // 2
+    return x_desc, w_desc, n_desc, (base // 2) * 0x01010101, None, 2 * block_k * X_ROWS + block_w * block_k * 3 // 2
 
 
 def probe(x: torch.Tensor, weight, cfg: dict, mode: int | None = None, swizzle: bool = True) -> torch.Tensor:
@@ -380,7 +381,7 @@ def main() -> None:
         w = torch.empty(n, k, device="cuda", dtype=torch.bfloat16).normal_(0.0, 0.02)  # random_weights' std
         copies = max(1, -(-(512 << 20) // (w.numel() * 2)))  # >= 512 MB of weights: L2 holds none of it
         ws = [w] + [w.clone() for _ in range(copies - 1)]
-        x = torch.randn(ROWS, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(X_ROWS, k, device="cuda", dtype=torch.bfloat16)
         packed = [pack(t)[:3] for t in ws]
         below = pack(w)[3].float().mean().item()
         ref = torch.nn.functional.linear(x, w).float()
@@ -393,7 +394,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
 
         report("cublas", _time_graph_us(lambda i: torch.nn.functional.linear(x, ws[i]), copies), True)
-        entry = table.choice(n, k, torch.bfloat16, torch.bfloat16, ROWS)
+        entry = table.choice(n, k, torch.bfloat16, torch.bfloat16, X_ROWS)
         run = {"triton": lambda i: quant.small_m_linear(x, ws[i], None, None, entry["config"]),
                "ring": lambda i: quant.ring_linear(x, ws[i], None, entry["config"])}.get((entry or {}).get("impl"))
         if run is not None:  # the H200 table's kernel for the product (the step's fuses an epilogue)
