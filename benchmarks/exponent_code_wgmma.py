@@ -353,7 +353,19 @@ TILES = [dict(BLOCK_K=128, SPLIT_K=1, STAGES=4, num_warps=8),
          dict(BLOCK_K=256, SPLIT_K=1, STAGES=3, num_warps=4),
          dict(BLOCK_K=128, SPLIT_K=2, STAGES=4, num_warps=8),
          dict(BLOCK_K=64, SPLIT_K=2, STAGES=8, num_warps=4),
-         dict(BLOCK_K=128, SPLIT_K=4, STAGES=4, num_warps=8)]
+         dict(BLOCK_K=128, SPLIT_K=4, STAGES=4, num_warps=8),
+         # call 2026-12-05 n7 found 8 warps, one wave short of two (gate/up: 224 programs), best at
+         # SPLIT_K 1 and down best at SPLIT_K 4: these ask whether two programs a multiprocessor
+         # (smaller rings), more K splits, or a deeper ring of 64-column stages do better
+         dict(BLOCK_K=64, SPLIT_K=1, STAGES=4, num_warps=8),
+         dict(BLOCK_K=64, SPLIT_K=1, STAGES=5, num_warps=8),
+         dict(BLOCK_K=128, SPLIT_K=1, STAGES=2, num_warps=8),
+         dict(BLOCK_K=128, SPLIT_K=1, STAGES=3, num_warps=8),
+         dict(BLOCK_K=128, SPLIT_K=1, STAGES=2, num_warps=4),
+         dict(BLOCK_K=64, SPLIT_K=1, STAGES=10, num_warps=8),
+         dict(BLOCK_K=128, SPLIT_K=8, STAGES=4, num_warps=8),
+         dict(BLOCK_K=64, SPLIT_K=4, STAGES=8, num_warps=4),
+         dict(BLOCK_K=64, SPLIT_K=4, STAGES=4, num_warps=8)]
 
 
 def fits(n: int, k: int, cfg: dict) -> bool:
