@@ -372,6 +372,17 @@ def fits(n: int, k: int, cfg: dict) -> bool:
     return n % (16 * cfg["num_warps"]) == 0 and k % (cfg["BLOCK_K"] * cfg["SPLIT_K"]) == 0
 
 
+def _occupancy(mode: int, cfg: dict, swizzle: bool) -> dict:
+    """Registers a thread, spills and shared bytes of the probe kernel as launched: what decides
+    how many programs a multiprocessor holds."""
+    try:
+        kernel = compile_for_sm90(mode, cfg["BLOCK_K"], cfg["STAGES"], cfg["num_warps"], cfg["SPLIT_K"], swizzle)
+        kernel._init_handles()
+        return {"regs": kernel.n_regs, "spills": kernel.n_spills, "smem": kernel.metadata.shared}
+    except Exception as e:  # the timing stands without it
+        return {"occupancy": f"{type(e).__name__}: {e}"[:120]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="gate/up,down,qkv,o", help=f"comma list of {','.join(SHAPES)}")
@@ -419,8 +430,9 @@ def main() -> None:
                         ("12-bit, swizzled planes", packed, packed[0], ref_e4, {"swizzle": True})]
             for variant, weights, first, want, kw in variants:
                 try:
-                    report(variant, _time_graph_us(lambda i: probe(x, weights[i], cfg, **kw), copies),
-                           agrees(probe(x, first, cfg, **kw), want), cfg,
+                    us = _time_graph_us(lambda i: probe(x, weights[i], cfg, **kw), copies)
+                    report(variant, us, agrees(probe(x, first, cfg, **kw), want), cfg,
+                           **_occupancy(kw.get("mode", 1 if weights is packed else 0), cfg, kw.get("swizzle", True)),
                            **({"below": round(below, 6)} if weights is packed else {}))
                 except Exception as e:  # a tile that does not compile or fit: say so, go on
                     print(json.dumps({"shape": name, "variant": variant, "tiles": cfg,
