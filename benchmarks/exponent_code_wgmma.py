@@ -365,7 +365,13 @@ TILES = [dict(BLOCK_K=128, SPLIT_K=1, STAGES=4, num_warps=8),
          dict(BLOCK_K=64, SPLIT_K=1, STAGES=10, num_warps=8),
          dict(BLOCK_K=128, SPLIT_K=8, STAGES=4, num_warps=8),
          dict(BLOCK_K=64, SPLIT_K=4, STAGES=8, num_warps=4),
-         dict(BLOCK_K=64, SPLIT_K=4, STAGES=4, num_warps=8)]
+         dict(BLOCK_K=64, SPLIT_K=4, STAGES=4, num_warps=8),
+         # n8: every tile holds one program a multiprocessor (warp specialization gives the consumers
+         # the registers), so 256-row tiles halve x's L2 traffic a weight byte at the same occupancy
+         dict(BLOCK_K=128, SPLIT_K=1, STAGES=3, num_warps=16),
+         dict(BLOCK_K=128, SPLIT_K=1, STAGES=2, num_warps=16),
+         dict(BLOCK_K=64, SPLIT_K=1, STAGES=4, num_warps=16),
+         dict(BLOCK_K=128, SPLIT_K=2, STAGES=3, num_warps=16)]
 
 
 def fits(n: int, k: int, cfg: dict) -> bool:
