@@ -1,6 +1,6 @@
 """The 12-bit weight form rebuilt straight into the wgmma operand's registers, in Gluon. A probe.
 
-    python -m benchmarks.exponent_code_wgmma [--shapes gate/up,down,qkv,o] [--quick]
+    python -m benchmarks.exponent_code_wgmma [--shapes gate/up,down,qkv,o] [--quick] [--engine]
 
 benchmarks/exponent_code_probe.py asked whether batch-64 decode could read 0.75 of the bytes of
 its bf16 weights (a sign-and-mantissa byte and a 4-bit exponent code a weight) and found that in
@@ -37,7 +37,7 @@ way round: acc[weight rows, x rows] = W_tile @ x_tile.T. Modes, the same tiles a
 0 reads the bf16 weight and multiplies it from shared memory (the bf16 baseline); 2 reads it and
 multiplies it from registers (what the register operand costs alone); 1 reads the 12-bit form
 and rebuilds it in registers. Beside them the engine's own kernels for the product (the H200
-table's entry), cuBLAS. Nothing in the engine uses this.
+table's entry), cuBLAS. The engine's kernel grew from it: shardline/kernels/gluon_exp12.py (the form: exp12.py).
 """
 
 from __future__ import annotations
@@ -50,140 +50,14 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from shardline.kernels.exp12 import column_of_position as _column_of_position  # noqa: F401 (the tests')
+from shardline.kernels.exp12 import decode_words, unpack  # noqa: F401
+from shardline.kernels.exp12 import planes as pack
+from shardline.kernels.gluon_exp12 import acc_layout as _acc_layout
+from shardline.kernels.gluon_exp12 import rebuild as _rebuild
+
 X_ROWS = 64  # x's rows: the batch, the wgmma's N (host code takes the int, kernels the constexpr)
 ROWS = gl.constexpr(X_ROWS)
-MASK = 0x87878787  # a byte's sign bit and its 3 bits of c >> 1
-
-
-def _column_of_position() -> torch.Tensor:
-    """[64] int64: the column k that stored position j of a 64-column block holds."""
-    j = torch.arange(64)
-    i0, i1, i2 = j & 1, (j >> 1) & 1, (j >> 2) & 1
-    g0, g1, g2 = (j >> 3) & 1, (j >> 4) & 1, (j >> 5) & 1
-    return i0 + 2 * g1 + 4 * g2 + 8 * i1 + 16 * i2 + 32 * g0
-
-
-def pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
-    """(B plane [N, K] uint8, N plane [N, K / 2] uint8, base, below [N, K] bool) of a bf16 [N, K]
-    weight, K a multiple of 64; `below`: the weights under the window (stored as its smallest value)."""
-    n, k = w.shape
-    if w.dtype != torch.bfloat16 or k % 64:
-        raise ValueError(f"pack takes a bf16 [N, K] weight with K a multiple of 64; got {w.dtype} {tuple(w.shape)}")
-    bits = w.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
-    sign, exponent, mantissa = bits >> 15, (bits >> 7) & 0xFF, bits & 0x7F
-    top = int(exponent.max())
-    base = max(top - 15 + ((top - 15) & 1), 0)  # even, and the window reaches the top exponent
-    code = exponent - base
-    below = code < 0
-    zero = torch.zeros_like(code)
-    sign, code, mantissa = (torch.where(below, zero, t) for t in (sign, code, mantissa))
-    order = (torch.arange(k // 64)[:, None] * 64 + _column_of_position()[None, :]).reshape(-1).to(w.device)
-    sign, code, mantissa = sign[:, order], code[:, order], mantissa[:, order]
-    b_plane = (((code & 1) << 7) | mantissa).to(torch.uint8)
-    s, h = sign.view(n, k // 8, 8), (code >> 1).view(n, k // 8, 8)
-    n_bytes = [(s[..., b] << 7) | h[..., b] | (h[..., b + 4] << 4) | (s[..., 4 + (b + 3) % 4] << 3) for b in range(4)]
-    n_plane = torch.stack(n_bytes, dim=-1).to(torch.uint8).reshape(n, k // 2)
-    return b_plane, n_plane, base, below
-
-
-def decode_words(b_lo: torch.Tensor, b_hi: torch.Tensor, n_word: torch.Tensor, base: int) -> torch.Tensor:
-    """decode_group's instructions on int64 tensors holding 32-bit words: [..., 8] bf16 bit
-    patterns (int64) of a group's weights 0-7."""
-    add = (base // 2) * 0x01010101
-    hi = (n_word & MASK) + add
-    rot = ((n_word >> 4) | (n_word << 28)) & 0xFFFFFFFF
-    hi_b = (rot & MASK) + add
-
-    def byte(word, b):
-        return (word >> (8 * b)) & 0xFF
-
-    out = []
-    for word, high in ((b_lo, hi), (b_hi, hi_b)):
-        for b in range(4):
-            out.append((byte(high, b) << 8) | byte(word, b))
-    return torch.stack(out, dim=-1)
-
-
-def unpack(b_plane: torch.Tensor, n_plane: torch.Tensor, base: int) -> torch.Tensor:
-    """The bf16 [N, K] weight the kernel multiplies, by decode_words, in column order."""
-    n, k = b_plane.shape
-    b = b_plane.view(torch.int32).to(torch.int64).view(n, k // 8, 2) & 0xFFFFFFFF
-    nw = n_plane.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    stored = decode_words(b[..., 0], b[..., 1], nw, base).reshape(n, k)
-    order = (torch.arange(k // 64)[:, None] * 64 + _column_of_position()[None, :]).reshape(-1).to(b_plane.device)
-    bits = torch.empty_like(stored)
-    bits[:, order] = stored
-    return bits.to(torch.int32).to(torch.int16).view(torch.bfloat16)
-
-
-_DECODE = gl.constexpr("""{
-.reg .b32 hi, rot, pair;
-and.b32 hi, $10, 0x87878787;
-add.u32 hi, hi, $11;
-shf.r.wrap.b32 rot, $10, $10, 4;
-and.b32 rot, rot, 0x87878787;
-add.u32 rot, rot, $11;
-prmt.b32 pair, $8, hi, 0x5140;
-mov.b32 {$0, $1}, pair;
-prmt.b32 pair, $8, hi, 0x7362;
-mov.b32 {$2, $3}, pair;
-prmt.b32 pair, $9, rot, 0x5140;
-mov.b32 {$4, $5}, pair;
-prmt.b32 pair, $9, rot, 0x7362;
-mov.b32 {$6, $7}, pair;
-}""")
-
-
-@gluon.constexpr_function
-def _plane_layout(words_per_block, num_warps, width):
-    """A thread's words of a plane tile [16 * num_warps, width] int32: the B plane's 4 (16 bytes) or
-    the N plane's 2 (8 bytes) a 64-column block, for its two rows (r, r + 8), as the wgmma's A
-    fragment places rows: lanes % 4 across a block's words, lanes / 4 down the rows, warps 16
-    rows each."""
-    words_per_block, num_warps, width = (int(getattr(v, "value", v)) for v in (words_per_block, num_warps, width))
-    per_thread = words_per_block // 4
-    reg = [[0, 1 << b] for b in range(per_thread.bit_length() - 1)] + [[8, 0]]
-    reg += [[0, words_per_block << b] for b in range((width // words_per_block).bit_length() - 1)]
-    lane = [[0, per_thread], [0, 2 * per_thread], [1, 0], [2, 0], [4, 0]]
-    warp = [[16 << w, 0] for w in range(num_warps.bit_length() - 1)]
-    return gl.DistributedLinearLayout(reg_bases=reg, lane_bases=lane, warp_bases=warp, block_bases=[],
-                                      shape=[16 * num_warps, width])
-
-
-@gluon.constexpr_function
-def _acc_layout(num_warps):
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[int(getattr(num_warps, "value", num_warps)), 1],
-                                     instr_shape=[16, X_ROWS, 16])
-
-
-@gluon.jit
-def decode_group(b_lo, b_hi, n_word, add):
-    """The 8 bf16 weights of each group (two B words, one N word; `add`: base / 2 in every byte)."""
-    return gl.inline_asm_elementwise(_DECODE, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r", [b_lo, b_hi, n_word, add],
-                                     dtype=[gl.bfloat16] * 8, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _rebuild(b_tile, n_tile, add, BLOCK_K: gl.constexpr, num_warps: gl.constexpr):
-    """The A operand [16 * num_warps, BLOCK_K] bf16 from a stage's planes in shared memory."""
-    BW: gl.constexpr = 16 * num_warps
-    G: gl.constexpr = BLOCK_K // 8
-    n_layout: gl.constexpr = _plane_layout(8, num_warps, G)
-    b = b_tile.load(_plane_layout(16, num_warps, BLOCK_K // 4))
-    nw = n_tile.load(n_layout)
-    b_lo, b_hi = gl.split(gl.reshape(b, [BW, G, 2]))
-    b_lo = gl.convert_layout(b_lo, n_layout, assert_trivial=True)
-    b_hi = gl.convert_layout(b_hi, n_layout, assert_trivial=True)
-    adds = gl.full([BW, G], add, gl.int32, layout=n_layout)
-    o0, o1, o2, o3, o4, o5, o6, o7 = decode_group(b_lo, b_hi, nw, adds)
-    q0 = gl.join(gl.join(o0, o1), gl.join(o2, o3))
-    q1 = gl.join(gl.join(o4, o5), gl.join(o6, o7))
-    w = gl.join(q0, q1)  # [BW, G, i0, i1, i2]
-    w = gl.reshape(w, [BW, BLOCK_K // 64, 2, 2, 2, 2, 2, 2])  # g as (block, g2, g1, g0)
-    w = gl.permute(w, (0, 1, 4, 7, 6, 2, 3, 5))  # column bits k5..k0 = g0, i2, i1, g2, g1, i0
-    w = gl.reshape(w, [BW, BLOCK_K])
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=_acc_layout(num_warps), k_width=2)
-    return gl.convert_layout(w, a_layout, assert_trivial=True)
 
 
 @gluon.jit
@@ -389,11 +263,53 @@ def _occupancy(mode: int, cfg: dict, swizzle: bool) -> dict:
         return {"occupancy": f"{type(e).__name__}: {e}"[:120]}
 
 
+ENGINE_TILES = [dict(BLOCK_K=128, STAGES=4), dict(BLOCK_K=128, STAGES=3), dict(BLOCK_K=64, STAGES=8),
+                dict(BLOCK_K=64, STAGES=6)]
+
+
+def engine_gate_up() -> None:
+    """gate/up at 64 rows as the step runs it (SwiGLU and the RMSNorm fold in the epilogue): the
+    table's kernel on the bf16 weight against the engine's 12-bit kernel (quant.exp12_linear,
+    corrections included) for ENGINE_TILES, each checked against the bf16 weight's reference."""
+    from shardline.gemm_tuning import GemmTable, _time_graph_us, agrees
+    from shardline.kernels import quant
+    from shardline.kernels.exp12 import pack as pack_form
+    from shardline.kernels.norm import RowNorm
+
+    n, k = SHAPES["gate/up"]
+    table = GemmTable.checked("benchmarks/results/gemm-h200-decode.json")
+    entry = table.choice(n, k, torch.bfloat16, torch.bfloat16, X_ROWS)
+    torch.manual_seed(0)
+    w = torch.empty(n, k, device="cuda", dtype=torch.bfloat16).normal_(0.0, 0.02)
+    ws = [w] + [w.clone() for _ in range(2)]  # 705 MB: L2 holds none of it
+    forms = [pack_form(t, glu=True) for t in ws]
+    x = torch.randn(X_ROWS, k, device="cuda", dtype=torch.bfloat16)
+    norm = RowNorm(torch.rand(32, X_ROWS, device="cuda") * 100 + 1, 1e-5)
+    ref = quant._reference(x, w, None, None, True, None, norm)
+    rows = []
+    table_run = lambda i: quant.small_m_linear(x, ws[i], None, None, entry["config"], glu=True, norm=norm)  # noqa: E731
+    rows.append(("table's " + entry["impl"], _time_graph_us(table_run, 3), agrees(table_run(0), ref), entry["config"]))
+    for cfg in ENGINE_TILES:
+        run = lambda i: quant.exp12_linear(x, forms[i], config=cfg, norm=norm)  # noqa: E731
+        rows.append(("12-bit (exp12)", _time_graph_us(run, 3), agrees(run(0), ref), cfg))
+    print(f"\n{torch.cuda.get_device_name()}: gate/up {n}x{k}, 64 rows, SwiGLU and the norm fold; "
+          f"{forms[0].entries} correction entries a tile, {int((forms[0].corr_rows >= 0).sum())} in all")
+    base = rows[0][1]
+    for name, us, ok, cfg in rows:
+        print(f"{name:<22} {us:8.2f} us  {us / base:6.3f}  {'ok' if ok else 'WRONG'}  {cfg}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="gate/up,down,qkv,o", help=f"comma list of {','.join(SHAPES)}")
     ap.add_argument("--quick", action="store_true", help="the first two tiles only")
+    ap.add_argument("--engine", action="store_true",
+                    help="only gate/up as the step runs it: the table's kernel against the engine's 12-bit kernel")
     args = ap.parse_args()
+    if args.engine:
+        if not torch.cuda.is_available():
+            raise SystemExit("exponent_code_wgmma times GPU kernels; it needs a CUDA GPU")
+        return engine_gate_up()
     names = args.shapes.split(",")
     if unknown := [s for s in names if s not in SHAPES]:
         ap.error(f"--shapes {args.shapes}: unknown {unknown}; use a comma list of {','.join(SHAPES)}")

@@ -143,7 +143,7 @@ GEMV_FUSION = {"qkv_proj": (True, False), "o_proj": (False, False), "up_proj": (
                "down_proj": (False, False), "lm_head": (True, False)}
 
 
-TABLE_IMPLS = ("cublas", "triton", "ring", "streamk", "gemv")
+TABLE_IMPLS = ("cublas", "triton", "ring", "streamk", "gemv", "exp12")
 # triton_streamk.streamk_linear_triton's config: its tile, programs and launch options.
 STREAMK_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "PROGRAMS_PER_SM", "PROGRAMS", "PREFETCH",
                 "TMA")
@@ -177,6 +177,7 @@ class GemmTable:
         """What a kernel could not take, one line an entry: an unknown implementation, or a split-K
         or ring config its kernel refuses (quant.split_k_config, quant.ring_config), or keys the
         stream-K kernel does not know. The GEMV checks its tiles where it runs (cuda_gemv)."""
+        from shardline.kernels.exp12 import exp12_config
         from shardline.kernels.quant import ring_config, split_k_config
         out = []
         for k, by_m in self.entries.items():
@@ -197,6 +198,8 @@ class GemmTable:
                             split_k_config(config)
                         elif impl == "ring":
                             ring_config(config)
+                        elif impl == "exp12":
+                            exp12_config(config)
                     except ValueError as e:
                         out.append(f"{where}: {e}")
         return out

@@ -137,18 +137,8 @@ def _consumer(x_ring, w_ring, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, r
             _gdc_launch_dependents()
     _stamp(trace_ptr, program, T_WAITED, TRACE)
     out_layout: gl.constexpr = _out_layout(num_warps)
-    rstd = gl.full((BLOCK_M,), 1.0, gl.float32, layout=gl.SliceLayout(1, out_layout))
-    res = rstd  # a placeholder unless RESIDUAL
-    mean = rstd  # and unless CENTRED
-    ss_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])
-    if ROW_NORM:  # requested here, summed after the loop (a sum here would wait for the loads)
-        p = gl.arange(0, PARTS_P2, layout=gl.SliceLayout(1, ss_layout))
-        m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ss_layout))
-        ss = gl.load(ss_in_ptr + p[:, None] * M + m[None, :], mask=(p[:, None] < ss_parts) & (m[None, :] < M),
-                     other=0.0)
-        if CENTRED:  # the rows' sums follow their squares
-            sums = gl.load(ss_in_ptr + (ss_parts + p[:, None]) * M + m[None, :],
-                           mask=(p[:, None] < ss_parts) & (m[None, :] < M), other=0.0)
+    res = gl.full((BLOCK_M,), 1.0, gl.float32, layout=gl.SliceLayout(1, out_layout))  # a placeholder unless RESIDUAL
+    ss, sums = fold_loads(ss_in_ptr, ss_parts, M, ROW_NORM, CENTRED, PARTS_P2, num_warps)
     if RESIDUAL:
         offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
         offs_n = row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
@@ -174,14 +164,44 @@ def _consumer(x_ring, w_ring, ready, empty, k_tiles, ss_in_ptr, ss_parts, eps, r
     if USE_PDL:
         if LATE:  # the kernel after this one launches once every program gets here
             _gdc_launch_dependents()
+    rstd, mean = fold_factors(ss, sums, K, eps, ROW_NORM, CENTRED, num_warps)
+    return acc, acc_up, rstd, res, mean
+
+
+@gluon.jit
+def fold_loads(ss_in_ptr, ss_parts, M, ROW_NORM: gl.constexpr, CENTRED: gl.constexpr, PARTS_P2: gl.constexpr,
+               num_warps: gl.constexpr):
+    """The norm fold's operands, requested right after the PDL wait and summed after the loop
+    (fold_factors; a sum here would wait for the loads): the rows' partial sums of squares
+    [ss_parts, M] and, CENTRED, their sums after them. Placeholders without ROW_NORM."""
+    ss_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])
+    p = gl.arange(0, PARTS_P2, layout=gl.SliceLayout(1, ss_layout))
+    m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ss_layout))
+    live = (p[:, None] < ss_parts) & (m[None, :] < M)
+    ss = gl.zeros((PARTS_P2, BLOCK_M), gl.float32, layout=ss_layout)
+    sums = ss
+    if ROW_NORM:
+        ss = gl.load(ss_in_ptr + p[:, None] * M + m[None, :], mask=live, other=0.0)
+        if CENTRED:  # the rows' sums follow their squares
+            sums = gl.load(ss_in_ptr + (ss_parts + p[:, None]) * M + m[None, :], mask=live, other=0.0)
+    return ss, sums
+
+
+@gluon.jit
+def fold_factors(ss, sums, K, eps, ROW_NORM: gl.constexpr, CENTRED: gl.constexpr, num_warps: gl.constexpr):
+    """(1 / rms or 1 / std, mean) of each x row, in the epilogue's row layout (ones and zeros
+    without ROW_NORM and CENTRED)."""
+    rows: gl.constexpr = gl.SliceLayout(1, _out_layout(num_warps))
+    rstd = gl.full((BLOCK_M,), 1.0, gl.float32, layout=rows)
+    mean = gl.full((BLOCK_M,), 0.0, gl.float32, layout=rows)
     if ROW_NORM:
         second = gl.sum(ss, axis=0) / K
         if CENTRED:  # E[x^2] - mean^2, floored at 0, as triton_quant.row_moments
             mu = gl.sum(sums, axis=0) / K
             second = gl.maximum(second - mu * mu, 0.0)
-            mean = gl.convert_layout(mu, gl.SliceLayout(1, out_layout))
-        rstd = gl.convert_layout(1.0 / gl.sqrt(second + eps), gl.SliceLayout(1, out_layout))
-    return acc, acc_up, rstd, res, mean
+            mean = gl.convert_layout(mu, rows)
+        rstd = gl.convert_layout(1.0 / gl.sqrt(second + eps), rows)
+    return rstd, mean
 
 
 @gluon.constexpr_function
@@ -267,6 +287,18 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
                 acc_up += gl.load(part_ptr + (s * WT + 1) * M * N + tile_offs, mask=mask, other=0.0,
                                   cache_modifier=".cg")
         gl.atomic_xchg(count_ptr + pid_n, 0)
+    finish(acc, acc_up, rstd, res, mean, offs_m, offs_n, n_mask, mask, bias_ptr, centre_ptr, out_ptr, stride_om,
+           ss_out_ptr, pid_n, M, N, HAS_BIAS, GLU, ROW_NORM, RESIDUAL, CENTRED, SUMS)
+    _stamp(trace_ptr, program, T_EXIT, TRACE)
+
+
+@gluon.jit
+def finish(acc, acc_up, rstd, res, mean, offs_m, offs_n, n_mask, mask, bias_ptr, centre_ptr, out_ptr, stride_om,
+           ss_out_ptr, pid_n, M, N, HAS_BIAS: gl.constexpr, GLU: gl.constexpr, ROW_NORM: gl.constexpr,
+           RESIDUAL: gl.constexpr, CENTRED: gl.constexpr, SUMS: gl.constexpr):
+    """The epilogue of a [x rows, output columns] tile of sums (acc; acc_up the up rows' with GLU),
+    in _out_layout: the fold's row factors, the bias, SwiGLU, the residual add and its partial
+    sums of squares, the store. Shared by the ring and the 12-bit kernel (gluon_exp12.py)."""
     # The epilogue rounds where the unfused path (the product, then the activation) rounds.
     dtype: gl.constexpr = out_ptr.dtype.element_ty
     if ROW_NORM:  # row factors, so before the bias
@@ -294,7 +326,6 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
             gl.store(ss_out_ptr + (gl.num_programs(0) + pid_n) * M + offs_m, gl.sum(gl.where(mask, y, 0.0), axis=1),
                      mask=offs_m < M)
     gl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], y.to(dtype), mask=mask)
-    _stamp(trace_ptr, program, T_EXIT, TRACE)
 
 
 def ring_linear_gluon(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, cfg: dict, plan: dict,

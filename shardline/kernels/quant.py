@@ -346,6 +346,26 @@ def ring_available(x: torch.Tensor) -> bool:
     return use_triton(x) and x.is_cuda and hopper_or_later(x) and gluon_available()
 
 
+def exp12_linear(x: torch.Tensor, packed, bias: torch.Tensor | None = None, config: dict | None = None,
+                 norm: RowNorm | None = None) -> torch.Tensor:
+    """y = x @ W.T [+ bias] for 1..64 bf16 rows of x, W in the 12-bit form (exp12.Exp12Weight,
+    whose product is the bf16 weight's); with packed.glu W is the fused [gate; up] projection and
+    y = silu(gate) * up; `norm` the RMSNorm fold, as small_m_linear's. By gluon_exp12.py on Hopper
+    with Gluon, else the reference on the weight the form holds."""
+    from .exp12 import exp12_config
+    cfg = exp12_config(config)
+    rows, k = packed.shape
+    if x.shape[-1] != k or x.dtype != torch.bfloat16 or _rows(x) > RING_MAX_M:
+        raise ValueError(f"the 12-bit product takes 1..{RING_MAX_M} bf16 rows of {k} columns; got {x.dtype} "
+                         f"{tuple(x.shape)}: use the bf16 weight's kernels for these rows")
+    if norm is not None and norm.sums is not None:
+        raise ValueError("the 12-bit product folds an RMSNorm only, not a LayerNorm: keep the weight in bf16")
+    if ring_available(x):
+        from .gluon_exp12 import exp12_linear_gluon
+        return exp12_linear_gluon(x, packed, bias, cfg, norm)
+    return _reference(x, packed.weight(), None, bias, packed.glu, None, norm)
+
+
 def ring_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 config: dict | None = None, glu: bool = False, out_dtype: torch.dtype | None = None,
                 norm: RowNorm | None = None, residual: torch.Tensor | None = None,

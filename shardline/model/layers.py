@@ -6,6 +6,8 @@ Megatron's split: column-parallel linears (qkv, gate/up) need no communication; 
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
@@ -13,6 +15,8 @@ from shardline.kernels import activation, gemv, quant
 from shardline.kernels._dispatch import use_triton
 from shardline.kernels.norm import RowNorm
 from shardline.parallel import TPGroup
+
+log = logging.getLogger(__name__)
 
 
 class Linear:
@@ -23,12 +27,38 @@ class Linear:
         self.weight, self.bias, self.scale = weight, bias, scale
         self.gemms = None  # a GemmTable from `shardline tune-gemm`, when loaded
         self.centre = None  # fp32 [out], each weight row's sum, where a LayerNorm folds in (fold_layer_norm)
+        self.exp12 = None  # the weight in the 12-bit form, where the table chose it (prepare_exp12)
 
     def _choice(self, x: torch.Tensor) -> dict | None:
         if self.gemms is None:
             return None
         n, k = self.weight.shape
-        return self.gemms.choice(n, k, self.weight.dtype, x.dtype, x.shape[0])
+        choice = self.gemms.choice(n, k, self.weight.dtype, x.dtype, x.shape[0])
+        if choice is not None and choice["impl"] == "exp12" and self.exp12 is None:
+            return None  # the form did not take this weight (prepare_exp12 said why): the default path
+        return choice
+
+    def prepare_exp12(self, glu: bool, allowed: bool = True) -> None:
+        """Pack this bf16 weight in the 12-bit form (kernels/exp12.py; `glu`: the fused [gate; up]
+        projection) where the table chose that form at some batch size: at load, never inside a
+        captured step. The bf16 weight stays for the other batch sizes. Where the form cannot take
+        the weight, or the product is not one it runs (`allowed`), a warning, and those batch sizes
+        take the default path."""
+        from shardline.gemm_tuning import key
+        from shardline.kernels import exp12
+        self.exp12 = None
+        n, k = self.weight.shape
+        by_m = self.gemms.entries.get(key(n, k, self.weight.dtype, self.weight.dtype), {}) if self.gemms else {}
+        if not any(isinstance(e, dict) and e.get("impl") == "exp12" for e in by_m.values()):
+            return
+        if not allowed or self.scale is not None or self.weight.dtype != torch.bfloat16:
+            log.warning("GEMM table: exp12 entry for the %dx%d product, which the 12-bit kernel does not run "
+                        "(it runs bf16 SwiGLU up-projections and plain products); its default path runs", n, k)
+            return
+        try:
+            self.exp12 = exp12.pack(self.weight, glu=glu)
+        except ValueError as e:
+            log.warning("GEMM table: exp12 entry for the %dx%d product: %s; its default path runs", n, k, e)
 
     def _runs_gemv(self, x: torch.Tensor, choice: dict | None) -> bool:
         if choice is not None:
@@ -78,6 +108,8 @@ class Linear:
                                         out_dtype=out_dtype, gelu=gelu)
         if impl == "ring":  # SwiGLU in its epilogue too, and the logits' fp32 from its sums
             y = quant.ring_linear(x, self.weight, bias, choice["config"], glu=glu, out_dtype=out_dtype)
+        elif impl == "exp12" and glu == self.exp12.glu:  # SwiGLU in its epilogue too
+            y = quant.exp12_linear(x, self.exp12, bias, choice["config"])
         elif impl == "streamk":  # SwiGLU in its epilogue too
             y = quant.streamk_linear(x, self.weight, self.scale, bias, glu=glu, config=choice["config"])
         else:
@@ -100,7 +132,7 @@ class Linear:
         choice = self._choice(x)
         if choice is None:
             return not use_triton(x)
-        return choice["impl"] in ("triton", "ring")
+        return choice["impl"] in ("triton", "ring", "exp12")
 
     def fold(self, x: torch.Tensor, norm: RowNorm | None = None, residual: torch.Tensor | None = None,
              glu: bool = False, out_dtype: torch.dtype | None = None, greedy: quant.GreedyIds | None = None,
@@ -115,6 +147,11 @@ class Linear:
         `gelu`: gelu_tanh of the result, in the split-K kernel's epilogue (after the ring's, a
         kernel)."""
         choice = self._choice(x)
+        if (choice is not None and choice["impl"] == "exp12" and glu == self.exp12.glu and residual is None
+                and greedy is None and not gelu and out_dtype is None and not sums):
+            return quant.exp12_linear(x, self.exp12, self.bias, choice["config"], norm=norm)
+        if choice is not None and choice["impl"] == "exp12":
+            choice = None  # a fold the 12-bit kernel does not take (prepare_exp12 allows only its own)
         if choice is not None and choice["impl"] == "ring":
             y = quant.ring_linear(x, self.weight, self.bias, choice["config"], glu=glu, out_dtype=out_dtype,
                                   norm=norm, residual=residual, centre=self.centre, sums=sums)

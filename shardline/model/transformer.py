@@ -349,6 +349,11 @@ class StageModel:
         """Use the per-shape, per-batch-size choices of `shardline tune-gemm` (a GemmTable)."""
         for lin in self.linears():
             lin.gemms = table
+        for layer in self.layers:  # the 12-bit form runs the SwiGLU up-projection (kernels/gluon_exp12.py)
+            for lin in (layer.qkv_proj, layer.o_proj, layer.up_proj, layer.down_proj):
+                lin.prepare_exp12(glu=layer.is_glu, allowed=lin is layer.up_proj and layer.is_glu)
+        if self.is_last:
+            self.lm_head.prepare_exp12(glu=False, allowed=False)
 
     def gemm_bucket_gaps(self, table) -> dict[str, list[int]]:
         """The batch buckets each projection lacks in `table` that another has (gemm_tuning.bucket_gaps)."""

@@ -1,0 +1,163 @@
+"""The 12-bit weight form (shardline/kernels/exp12.py) and its kernel (gluon_exp12.py): the form
+gives back the bf16 weight bit for bit, corrections included; the product's reference on the CPU
+is the bf16 weight's; the kernel compiles for sm_90 on any machine with no spills and fits shared
+memory; a table's exp12 entry reaches the SwiGLU up-projection of a model and nothing else; on a
+Hopper GPU the kernel multiplies by exactly the weight packed (its corrections visible)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from shardline.gemm_tuning import GemmTable, key
+from shardline.kernels import quant
+from shardline.kernels.exp12 import MAX_ENTRIES, TILE_ROWS, exp12_config, pack, row_order, unpack
+from shardline.kernels.norm import RowNorm
+
+
+def _weight(n: int, k: int, device: str = "cpu", seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed + n * k)
+    w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
+    w[3, 5], w[n - 2, k - 7], w[0, 0] = 0.0, 1e-9, -0.11  # a zero and a tiny one fall below; the largest sets the base
+    w[7, 9] = torch.tensor(2.0 ** -130)  # a subnormal
+    return w.to(device)
+
+
+@pytest.mark.parametrize("glu", [True, False])
+def test_the_form_gives_back_the_weight_bit_for_bit(glu):
+    w = _weight(256, 512)
+    packed = pack(w, glu=glu)
+    assert packed.shape == (256, 512) and packed.n_plane.shape == (256, 256) and packed.base % 2 == 0
+    assert torch.equal(packed.weight().view(torch.int16), w.view(torch.int16))
+    listed = int((packed.corr_rows >= 0).sum())
+    stored = unpack(packed.b_plane, packed.n_plane, packed.base)
+    original_order = w[row_order(256, glu)]
+    differs = stored.view(torch.int16) != original_order.view(torch.int16)
+    assert listed == int(differs.sum()) >= 4, "exactly the below-window weights are listed"
+    assert (stored[differs] == packed.floor).all()
+    assert packed.entries in (16, 32, 64) and packed.corr_rows.shape == (256 // TILE_ROWS, packed.entries)
+
+
+def test_glu_rows_pair_gate_and_up_in_each_slab():
+    order = row_order(256, glu=True)  # N = 128 gate rows
+    assert order[:16].tolist() == list(range(8)) + list(range(128, 136))
+    assert order[128:144].tolist() == list(range(64, 72)) + list(range(192, 200))
+    assert sorted(order.tolist()) == list(range(256))
+
+
+def test_pack_names_what_it_cannot_take():
+    with pytest.raises(ValueError, match="K=96 is not a multiple of 64.*keep it in bf16"):
+        pack(torch.zeros(128, 96, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="gate rows are not a multiple of 64"):
+        pack(torch.zeros(192, 64, dtype=torch.bfloat16), glu=True)
+    w = _weight(128, 256)
+    w[5, :MAX_ENTRIES + 1] = 0.0  # more zeros in one tile than the kernel corrects
+    with pytest.raises(ValueError, match="[0-9]+ weights of one 128-row tile lie below .*keep it in bf16"):
+        pack(w)
+    w[5, 0] = float("inf")
+    with pytest.raises(ValueError, match="inf or NaN"):
+        pack(w)
+
+
+def test_config_names_the_key_or_value():
+    assert exp12_config(None) == {"BLOCK_K": 128, "STAGES": 4}
+    with pytest.raises(ValueError, match="keys \\['SPLIT_K'\\] unknown"):
+        exp12_config({"SPLIT_K": 2})
+    with pytest.raises(ValueError, match="STAGES=5"):
+        exp12_config({"STAGES": 5})
+    table = GemmTable("cpu", {"512x128:bfloat16:bfloat16": {8: {"impl": "exp12", "config": {"BLOCK_K": 32}}}})
+    assert table.problems() == ["entry 512x128:bfloat16:bfloat16 at 8 rows: exp12 BLOCK_K=32: one of 64, 128"]
+
+
+def test_the_product_off_the_gpu_is_the_bf16_weights():
+    w = _weight(256, 512)
+    x = torch.randn(6, 512).to(torch.bfloat16)
+    norm = RowNorm(torch.rand(3, 6) * 100 + 1, 1e-5)
+    for glu, kw in ((True, {"norm": norm}), (False, {"bias": torch.randn(256).to(torch.bfloat16)})):
+        got = quant.exp12_linear(x, pack(w, glu=glu), **kw)
+        want = quant._reference(x, w, None, kw.get("bias"), glu, None, kw.get("norm"))
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="1..64 bf16 rows of 512 columns"):
+        quant.exp12_linear(torch.randn(65, 512).to(torch.bfloat16), pack(w))
+
+
+@pytest.mark.parametrize("glu, row_norm, block_k, stages", [(True, True, 128, 4), (False, False, 64, 8)])
+def test_the_kernel_compiles_for_sm90_without_spills(glu, row_norm, block_k, stages):
+    pytest.importorskip("triton.experimental.gluon", reason="the kernel is written in Gluon")
+    from benchmarks.gemv_registers import _ptxas
+    from shardline.kernels.gluon_exp12 import compile_for_sm90
+    kernel = compile_for_sm90(glu=glu, row_norm=row_norm, block_k=block_k, stages=stages, entries=MAX_ENTRIES)
+    ptx = kernel.asm["ptx"]
+    regs, spills = _ptxas(ptx)
+    assert spills == 0 and kernel.metadata.shared <= quant.RING_SMEM_BYTES
+    assert ptx.count("prmt.b32") >= 4 and "ld.shared.b16" not in ptx and "wgmma.mma_async" in ptx
+    assert "griddepcontrol.wait" in ptx
+
+
+def _llama(table_entry: dict | None, shape_of: str = "up"):
+    from shardline.config import ModelConfig
+    from shardline.model.random_weights import LLAMA_SMALL, random_manifest, random_stage_weights
+    from shardline.model.transformer import StageModel
+    from shardline.parallel import single_rank
+    cfg = ModelConfig(**LLAMA_SMALL)
+    weights = random_stage_weights(random_manifest(cfg, "bf16"), 0, 0, "cpu", seed=3)
+    model = StageModel(cfg, single_rank(), weights, 0, cfg.num_layers, True, True)
+    layer = model.layers[0]
+    lin = layer.up_proj if shape_of == "up" else layer.o_proj
+    n, k = lin.weight.shape
+    entries = {key(n, k, torch.bfloat16, torch.bfloat16): {8: table_entry}} if table_entry else {}
+    model.configure_gemms(GemmTable("cpu", entries))
+    return model, cfg
+
+
+def test_a_tables_exp12_entry_packs_the_up_projection_and_the_step_is_unchanged(monkeypatch):
+    from tests.test_norm_fold import _decode_step
+    calls = []
+    real = quant.exp12_linear
+    monkeypatch.setattr(quant, "exp12_linear", lambda *a, **kw: calls.append(kw.get("norm")) or real(*a, **kw))
+    model, cfg = _llama({"impl": "exp12", "config": {"BLOCK_K": 128, "STAGES": 4}})
+    assert all(layer.up_proj.exp12 is not None and layer.up_proj.exp12.glu for layer in model.layers)
+    assert all(lin.exp12 is None for layer in model.layers for lin in (layer.qkv_proj, layer.o_proj, layer.down_proj))
+    plain, _ = _llama(None)
+    ids, meta, caches = _decode_step(cfg, 6, 40)
+    with torch.inference_mode():
+        got = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
+    assert len(calls) == cfg.num_layers and all(isinstance(norm, RowNorm) for norm in calls), "folded, in the 12-bit form"
+    with torch.inference_mode():
+        want = plain.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
+    assert torch.equal(got, want)
+
+
+def test_an_exp12_entry_for_another_product_is_warned_and_runs_the_default(caplog):
+    with caplog.at_level(logging.WARNING):
+        model, _ = _llama({"impl": "exp12", "config": None}, shape_of="o")
+    assert "which the 12-bit kernel does not run" in caplog.text
+    x = torch.randn(8, model.layers[0].o_proj.weight.shape[1]).to(torch.bfloat16)
+    assert model.layers[0].o_proj.exp12 is None and model.layers[0].o_proj._choice(x) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 64])
+def test_the_kernel_multiplies_by_the_weight_packed(device, m):
+    if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the kernel is Gluon for Hopper (TMA, wgmma with a register operand); Triton's interpreter "
+                    "does not run Gluon, and the form's CPU tests are above")
+    w = _weight(384, 960, device)  # 3 tiles; K a multiple of 64, not of 128: a partial last tile
+    w[3, 100] = 0.0  # below the window, and x's column 100 is large: the correction shows
+    x = torch.randn(m, 960, device=device)
+    x[:, 100] = 1e6
+    x = x.to(torch.bfloat16)
+    floor_w = w.clone()
+    floor_w[w.abs() < pack(w).floor] = pack(w).floor  # what the loop multiplies, uncorrected
+    norm = RowNorm(torch.rand(3, m, device=device) * 100 + 1, 1e-5)
+    cases = [(True, {"norm": norm}, {}), (False, {"bias": torch.randn(384, device=device).to(torch.bfloat16)}, {}),
+             (True, {}, {"BLOCK_K": 64, "STAGES": 8})]
+    for glu, kw, cfg in cases:
+        got = quant.exp12_linear(x, pack(w, glu=glu), config=cfg, **kw).float()
+        want = quant._reference(x, w, None, kw.get("bias"), glu, None, kw.get("norm")).float()
+        uncorrected = quant._reference(x, floor_w, None, kw.get("bias"), glu, None, kw.get("norm")).float()
+        tol = 2e-2 * want.abs() + 2e-2
+        assert ((got - want).abs() <= tol).all(), (glu, kw.keys(), (got - want).abs().max())
+        assert ((uncorrected - want).abs() > 5 * tol).any(), "the test's correction would not show"
