@@ -263,16 +263,14 @@ def _occupancy(mode: int, cfg: dict, swizzle: bool) -> dict:
         return {"occupancy": f"{type(e).__name__}: {e}"[:120]}
 
 
-ENGINE_TILES = [dict(BLOCK_K=128, STAGES=4), dict(BLOCK_K=128, STAGES=3), dict(BLOCK_K=64, STAGES=8),
-                dict(BLOCK_K=64, STAGES=6)]
-
-
 def engine_gate_up() -> None:
     """gate/up at 64 rows as the step runs it (SwiGLU and the RMSNorm fold in the epilogue): the
     table's kernel on the bf16 weight against the engine's 12-bit kernel (quant.exp12_linear,
-    corrections included) for ENGINE_TILES, each checked against the bf16 weight's reference."""
+    corrections included) for exp12.EXP12_TILES (tune-gemm --in-step's), each checked against the bf16
+    weight's reference."""
     from shardline.gemm_tuning import GemmTable, _time_graph_us, agrees
     from shardline.kernels import quant
+    from shardline.kernels.exp12 import EXP12_TILES
     from shardline.kernels.exp12 import pack as pack_form
     from shardline.kernels.norm import RowNorm
 
@@ -289,7 +287,7 @@ def engine_gate_up() -> None:
     rows = []
     table_run = lambda i: quant.small_m_linear(x, ws[i], None, None, entry["config"], glu=True, norm=norm)  # noqa: E731
     rows.append(("table's " + entry["impl"], _time_graph_us(table_run, 3), agrees(table_run(0), ref), entry["config"]))
-    for cfg in ENGINE_TILES:
+    for cfg in EXP12_TILES:
         run = lambda i: quant.exp12_linear(x, forms[i], config=cfg, norm=norm)  # noqa: E731
         rows.append(("12-bit (exp12)", _time_graph_us(run, 3), agrees(run(0), ref), cfg))
     print(f"\n{torch.cuda.get_device_name()}: gate/up {n}x{k}, 64 rows, SwiGLU and the norm fold; "

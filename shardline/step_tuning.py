@@ -35,7 +35,7 @@ from shardline.gemm_tuning import (GemmTable, agrees, gemv_candidates, key, line
 IN_STEP_MAX_M = 64  # above it the products are compute-bound and the default (cuBLAS) is the choice
 LINEARS = ("qkv_proj", "o_proj", "up_proj", "down_proj", "lm_head")
 DEFAULT = {"impl": "default", "config": None}  # no entry: the engine's own choice for the rows
-IMPLS = {"default", "cublas", "triton", "ring", "gemv"}  # what `refine(impls=...)` can keep to
+IMPLS = {"default", "cublas", "triton", "ring", "gemv", "exp12"}  # what `refine(impls=...)` can keep to
 
 
 def settings_error(rounds: int, margin: float) -> str | None:
@@ -83,12 +83,15 @@ def current_choice(table: GemmTable, entry_key: str, m: int) -> dict:
     return {"impl": entry["impl"], "config": entry.get("config")} if entry else dict(DEFAULT)
 
 
-def candidates(current: dict, m: int, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> list[dict]:
+def candidates(current: dict, m: int, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
+               glu: bool = False) -> list[dict]:
     """The current choice first, then its twin with the other LATE (where the kernel after it may
     launch: the split-K and ring kernels take the key), the default path, cuBLAS, the split-K TMA
-    tiles and the ring tiles (and at one row the GEMV tiles), each once."""
+    tiles and the ring tiles (and at one row the GEMV tiles), each once; for a bf16 SwiGLU
+    up-projection (`glu`) on Hopper also the 12-bit form's tiles (kernels/exp12.py)."""
     from shardline.kernels import gemv
     from shardline.kernels._dispatch import hopper_or_later
+    from shardline.kernels.exp12 import EXP12_TILES
 
     out = [current]
     if current["impl"] in ("triton", "ring") and current.get("config"):
@@ -101,6 +104,8 @@ def candidates(current: dict, m: int, x: torch.Tensor, w: torch.Tensor, scale: t
         tma = hopper_or_later(x)  # on Hopper only the TMA twins, as every split-K choice of the H200 table is
         out += [{"impl": "triton", "config": c} for c in triton_candidates(m, tma=tma) if c.get("TMA") or not tma]
         out += [{"impl": "ring", "config": c} for c in ring_candidates(m, x, w, scale)]
+        if glu and tma and scale is None and w.dtype == torch.bfloat16 and x.dtype == torch.bfloat16:
+            out += [{"impl": "exp12", "config": c} for c in EXP12_TILES]
     seen, unique = set(), []
     for c in out:
         tag = json.dumps({"impl": c["impl"], "config": c.get("config")}, sort_keys=True)
@@ -191,6 +196,7 @@ def _agrees(lin, choice: dict, m: int, x_dtype: torch.dtype, glu: bool) -> bool:
     saved = lin.gemms
     try:
         lin.gemms = with_choice(GemmTable("this"), key(n, k, lin.weight.dtype, x.dtype), m, choice)
+        lin.prepare_exp12(glu, allowed=glu)  # the 12-bit form, where the choice is it
         if glu:  # Linear.glu adds the bias, where the model has one
             return agrees(lin.glu(x), activation.silu_and_mul_ref(ref if lin.bias is None else ref + lin.bias))
         return agrees(lin(x, add_bias=False), ref)
@@ -198,6 +204,7 @@ def _agrees(lin, choice: dict, m: int, x_dtype: torch.dtype, glu: bool) -> bool:
         return False
     finally:
         lin.gemms = saved
+        lin.prepare_exp12(glu, allowed=glu)
 
 
 def refine(engine, table: GemmTable, batches: list[int], cfg: ModelConfig, x_dtype: torch.dtype,
@@ -219,7 +226,7 @@ def refine(engine, table: GemmTable, batches: list[int], cfg: ModelConfig, x_dty
             current = current_choice(table, entry_key, b)
             x = torch.empty(b, k, device=lin.weight.device, dtype=x_dtype)
             glu = name == "up_proj" and cfg.activation == "silu_glu"
-            cands = [c for c in candidates(current, b, x, lin.weight, lin.scale)
+            cands = [c for c in candidates(current, b, x, lin.weight, lin.scale, glu)
                      if c is current or ((impls is None or c["impl"] in impls) and _agrees(lin, c, b, x_dtype, glu))]
             times: list[list[float]] = [[] for _ in cands]
             for _ in range(rounds):

@@ -159,3 +159,26 @@ def test_tune_gemm_refuses_an_out_file_it_would_merge_into_that_is_no_good_table
         out = tune_gemm("--shape", "llama3-8b", "--out", str(path))
         assert out.returncode == 2 and f"--out {path} exists" in out.stderr and says in out.stderr, out.stderr
         assert path.read_text() == text
+
+
+def test_the_12_bit_form_is_a_candidate_for_a_bf16_swiglu_up_projection_on_hopper(monkeypatch):
+    """Only there (the kernel runs the SwiGLU up-projection from bf16 on Hopper), and a candidate
+    is checked in the 12-bit form itself: _agrees packs the weight for it and puts the linear back."""
+    from shardline.kernels import _dispatch
+    from shardline.kernels.exp12 import EXP12_TILES
+    from shardline.model.layers import Linear
+    x, w = torch.randn(16, 128).to(torch.bfloat16), (torch.randn(256, 128) * 0.02).to(torch.bfloat16)
+    monkeypatch.setattr(_dispatch, "hopper_or_later", lambda t: True)
+    exp12 = [c for c in step_tuning.candidates(RING, 16, x, w, None, glu=True) if c["impl"] == "exp12"]
+    assert [c["config"] for c in exp12] == EXP12_TILES
+    assert not [c for c in step_tuning.candidates(RING, 16, x, w, None) if c["impl"] == "exp12"]
+    assert not [c for c in step_tuning.candidates(RING, 16, x.float(), w.float(), None, glu=True)
+                if c["impl"] == "exp12"]
+    monkeypatch.undo()
+    lin = Linear(w)
+    packed = []
+    real = Linear.prepare_exp12
+    monkeypatch.setattr(Linear, "prepare_exp12", lambda self, glu, allowed=True: real(self, glu, allowed) or
+                        packed.append(self.exp12 is not None))
+    assert step_tuning._agrees(lin, exp12[0], 16, torch.bfloat16, glu=True)
+    assert packed == [True, False] and lin.gemms is None and lin.exp12 is None

@@ -206,6 +206,8 @@ def pack(w: torch.Tensor, glu: bool = False) -> Exp12Weight:
 # What a tune-gemm table's exp12 entry may hold (gluon_exp12.py's tile: 128 stored rows, 8 warps).
 EXP12_DEFAULT_CONFIG = dict(BLOCK_K=128, STAGES=4)
 EXP12_KEYS = ("BLOCK_K", "STAGES", "EARLY", "LATE")
+EXP12_TILES = [dict(BLOCK_K=128, STAGES=4), dict(BLOCK_K=128, STAGES=3), dict(BLOCK_K=64, STAGES=8),
+               dict(BLOCK_K=64, STAGES=6)]  # what `tune-gemm --in-step` tries for a SwiGLU up-projection
 
 
 def exp12_config(config: dict | None) -> dict:

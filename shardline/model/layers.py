@@ -46,11 +46,14 @@ class Linear:
         take the default path."""
         from shardline.gemm_tuning import key
         from shardline.kernels import exp12
-        self.exp12 = None
         n, k = self.weight.shape
         by_m = self.gemms.entries.get(key(n, k, self.weight.dtype, self.weight.dtype), {}) if self.gemms else {}
         if not any(isinstance(e, dict) and e.get("impl") == "exp12" for e in by_m.values()):
+            self.exp12 = None
             return
+        if self.exp12 is not None and self.exp12.glu == glu and allowed:
+            return  # packed for the table before (the weights do not change)
+        self.exp12 = None
         if not allowed or self.scale is not None or self.weight.dtype != torch.bfloat16:
             log.warning("GEMM table: exp12 entry for the %dx%d product, which the 12-bit kernel does not run "
                         "(it runs bf16 SwiGLU up-projections and plain products); its default path runs", n, k)
