@@ -12,9 +12,10 @@ the 4-bit code c = E - base:
 Each 64-column block is stored permuted, so that a thread's share of the wgmma's register
 operand is 16 contiguous bytes of the B plane and 8 of the N plane a row, and 8 weights come
 back from two B words and one N word in 9 instructions (gluon_exp12.py; `decode_words` emulates
-them here). Weights below the window (zeros, the tiniest magnitudes) are stored as the window's
-floor, 2^(base - 127), and **corrected exactly**: each tile of 128 stored rows lists its
-below-window weights (row in the tile, column, true value), and the kernel adds, after its loop,
+them here). The window is the one that leaves out the fewest weights (`window_base`). Weights
+outside it (zeros, the tiniest magnitudes, a stray outlier above the bulk) are stored as the
+window's floor, 2^(base - 127), and **corrected exactly**: each tile of 128 stored rows lists
+those weights (row in the tile, column, true value), and the kernel adds, after its loop,
 the product of x's columns with (true value - floor), as two bf16 terms (the value, and -floor),
 so the weights multiplied are the bf16 weights themselves, bit for bit (`Exp12Weight.weight`).
 
@@ -31,7 +32,7 @@ import torch
 
 TILE_ROWS = 128  # stored rows a program multiplies (8 warps, 16 rows each)
 BLOCK = 64  # the columns a permuted block spans (the wgmma's K of 16, four lanes' worth)
-MAX_ENTRIES = 64  # below-window weights one tile may list (the kernel's correction is [128, 2 * 64] x [2 * 64, 64])
+MAX_ENTRIES = 64  # out-of-window weights one tile may list (the kernel's correction is [128, 2 * 64] x [2 * 64, 64])
 MASK = 0x87878787  # a byte's sign bit and its 3 bits of c >> 1
 
 
@@ -70,22 +71,31 @@ def check_shape(rows: int, k: int, glu: bool) -> str | None:
     return None
 
 
+def window_base(exponent: torch.Tensor) -> int:
+    """The even base whose window [base, base + 15] leaves out the fewest of these exponent fields
+    (the highest such base): the bulk of a matrix's weights, not its largest outlier's exponent,
+    which one stray large weight would push up, leaving the small weights below."""
+    hist = torch.bincount(exponent.reshape(-1), minlength=256).cpu().tolist()
+    inside = [sum(hist[b:b + 16]) for b in range(0, 241, 2)]
+    best = max(inside)
+    return 2 * max(i for i, n in enumerate(inside) if n == best)
+
+
 def planes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
     """(B plane [R, K] uint8, N plane [R, K / 2] uint8, base, below [R, K] bool) of a bf16 [R, K]
-    weight in stored row order (K a multiple of 64); `below`: the weights under the window, stored
-    as its floor."""
+    weight in stored row order (K a multiple of 64); `below`: the weights outside the window (under
+    it, or over it where a few outliers lie above the bulk), stored as its floor."""
     r, k = w.shape
     if w.dtype != torch.bfloat16 or k % BLOCK:
         raise ValueError(f"the 12-bit form takes a bf16 [N, K] weight with K a multiple of {BLOCK}; "
                          f"got {w.dtype} {tuple(w.shape)}")
     bits = w.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
     sign, exponent, mantissa = bits >> 15, (bits >> 7) & 0xFF, bits & 0x7F
-    top = int(exponent.max()) if w.numel() else 0
-    if top == 0xFF:
+    if w.numel() and int(exponent.max()) == 0xFF:
         raise ValueError("the weight holds inf or NaN, which the 12-bit form cannot store; fix the checkpoint")
-    base = max(top - 15 + ((top - 15) & 1), 0)  # even, and the window reaches the top exponent
+    base = window_base(exponent)
     code = exponent - base
-    below = code < 0
+    below = (code < 0) | (code > 15)  # outside the window: stored as its floor, listed with their true values
     zero = torch.zeros_like(code)
     sign, code, mantissa = (torch.where(below, zero, t) for t in (sign, code, mantissa))
     order = _column_order(k, w.device)
@@ -187,7 +197,7 @@ def pack(w: torch.Tensor, glu: bool = False) -> Exp12Weight:
     counts = torch.bincount(tile, minlength=tiles)
     most = int(counts.max()) if tiles else 0
     if most > MAX_ENTRIES:
-        raise ValueError(f"the 12-bit form: {most} weights of one {TILE_ROWS}-row tile lie below the exponent window "
+        raise ValueError(f"the 12-bit form: {most} weights of one {TILE_ROWS}-row tile lie outside the exponent window "
                          f"[{base}, {base + 15}] (at most {MAX_ENTRIES}); the weight's exponents spread too widely, "
                          "keep it in bf16")
     entries = max(16, 1 << max(most - 1, 0).bit_length())
