@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from shardline.gemm_tuning import GemmTable, key
-from shardline.kernels import quant
+from shardline.kernels import _dispatch, quant
 from shardline.kernels.exp12 import MAX_ENTRIES, TILE_ROWS, exp12_config, pack, row_order, unpack
 from shardline.kernels.norm import RowNorm
 
@@ -136,7 +136,9 @@ def test_a_tables_exp12_entry_packs_the_up_projection_and_the_step_is_unchanged(
     ids, meta, caches = _decode_step(cfg, 6, 40)
     with torch.inference_mode():
         got = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
-    assert len(calls) == cfg.num_layers and all(isinstance(norm, RowNorm) for norm in calls), "folded, in the 12-bit form"
+    assert len(calls) == cfg.num_layers, "every layer's gate/up in the 12-bit form"
+    if not _dispatch.TRITON_INTERPRET:  # interpreted, CPU tensors take the kernels' paths: no fold without entries
+        assert all(isinstance(norm, RowNorm) for norm in calls), "with the norm folded in"
     with torch.inference_mode():
         want = plain.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
     assert torch.equal(got, want)
