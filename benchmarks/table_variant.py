@@ -4,6 +4,7 @@
         --set 'o_proj@64={"impl": "ring", "config": {"BLOCK_N": 128, "BLOCK_K": 128, "STAGES": 4, "SPLIT_K": 4}}' \
         --out o1.json
     python -m benchmarks.profile_decode --batch 64 --timeline --gemm-config o1.json
+    python -m benchmarks.table_variant --gemm-config o1.json --gpu "NVIDIA H100 80GB HBM3" --out o1-h100.json
 
 `--set` (repeatable) names a Llama-3-8B linear (or another shape's, `--shape`) and a batch, and
 gives the entry that `shardline tune-gemm` would write there; the table keeps its GPU name, so
@@ -53,9 +54,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gemm-config", required=True, help="the table to copy")
     ap.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
-    ap.add_argument("--set", action="append", required=True, dest="sets", help="LINEAR@BATCH=JSON entry")
+    ap.add_argument("--set", action="append", default=[], dest="sets", help="LINEAR@BATCH=JSON entry")
+    ap.add_argument("--gpu", help="the GPU name the copy is for, if not the table's (an A/B of the same choices on "
+                                  "another card, which loads a table only under its own name)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if not args.sets and not args.gpu:
+        ap.error("give --set LINEAR@BATCH=JSON (repeatable), --gpu NAME, or both: else the copy is the table")
     try:
         changes = [parse_set(s, args.shape) for s in args.sets]
     except ValueError as e:
@@ -67,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--gemm-config {args.gemm_config}: cannot read a table ({e})")
     for key, batch, entry in changes:
         table.setdefault("entries", {}).setdefault(key, {})[batch] = entry
+    if args.gpu:
+        table["gpu"] = args.gpu
     with open(args.out, "w") as f:
         json.dump(table, f, indent=1)
     print(f"wrote {args.out}: {len(changes)} entries of {args.gemm_config} replaced", file=sys.stderr)

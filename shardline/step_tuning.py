@@ -196,7 +196,8 @@ def _agrees(lin, choice: dict, m: int, x_dtype: torch.dtype, glu: bool) -> bool:
     saved = lin.gemms
     try:
         lin.gemms = with_choice(GemmTable("this"), key(n, k, lin.weight.dtype, x.dtype), m, choice)
-        lin.prepare_exp12(glu, allowed=glu)  # the 12-bit form, where the choice is it
+        if choice["impl"] == "exp12":
+            lin.prepare_exp12(glu, allowed=glu)  # the 12-bit form the choice runs
         if glu:  # Linear.glu adds the bias, where the model has one
             return agrees(lin.glu(x), activation.silu_and_mul_ref(ref if lin.bias is None else ref + lin.bias))
         return agrees(lin(x, add_bias=False), ref)
@@ -204,7 +205,8 @@ def _agrees(lin, choice: dict, m: int, x_dtype: torch.dtype, glu: bool) -> bool:
         return False
     finally:
         lin.gemms = saved
-        lin.prepare_exp12(glu, allowed=glu)
+        if choice["impl"] == "exp12":
+            lin.prepare_exp12(glu, allowed=glu)  # as the saved table has it
 
 
 def refine(engine, table: GemmTable, batches: list[int], cfg: ModelConfig, x_dtype: torch.dtype,

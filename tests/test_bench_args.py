@@ -266,6 +266,11 @@ def test_table_variant_replaces_one_entry_and_names_a_bad_set(tmp_path, capsys):
         with pytest.raises(SystemExit):
             table_variant.main(["--gemm-config", str(src), "--set", bad, "--out", str(out)])
         assert says in capsys.readouterr().err
+    table_variant.main(["--gemm-config", str(src), "--gpu", "NVIDIA H100 80GB HBM3", "--out", str(out)])
+    assert json.loads(out.read_text()) == dict(base, gpu="NVIDIA H100 80GB HBM3"), "the same choices, for that card"
+    with pytest.raises(SystemExit):
+        table_variant.main(["--gemm-config", str(src), "--out", str(out)])
+    assert "--set LINEAR@BATCH=JSON (repeatable), --gpu NAME, or both" in capsys.readouterr().err
 
 
 def test_dram_timeline_weights_each_sample_by_its_overlap(capsys):

@@ -56,7 +56,7 @@ class Linear:
         self.exp12 = None
         if not allowed or self.scale is not None or self.weight.dtype != torch.bfloat16:
             log.warning("GEMM table: exp12 entry for the %dx%d product, which the 12-bit kernel does not run "
-                        "(it runs bf16 SwiGLU up-projections and plain products); its default path runs", n, k)
+                        "(the engine runs it for bf16 SwiGLU up-projections only); its default path runs", n, k)
             return
         try:
             self.exp12 = exp12.pack(self.weight, glu=glu)
