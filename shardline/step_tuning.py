@@ -84,14 +84,16 @@ def current_choice(table: GemmTable, entry_key: str, m: int) -> dict:
 
 
 def candidates(current: dict, m: int, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
-               glu: bool = False) -> list[dict]:
+               glu: bool = False, exp12: bool = False) -> list[dict]:
     """The current choice first, then its twin with the other LATE (where the kernel after it may
     launch: the split-K and ring kernels take the key), the default path, cuBLAS, the split-K TMA
-    tiles and the ring tiles (and at one row the GEMV tiles), each once; for a bf16 SwiGLU
-    up-projection (`glu`) on Hopper also the 12-bit form's tiles (kernels/exp12.py)."""
+    tiles and the ring tiles (and at one row the GEMV tiles), each once; where the 12-bit form may
+    run the product (`exp12`: a layer's bf16 linear, not the head) on Hopper, also its tiles
+    (kernels/exp12.py: exp12_tiles, K split where its tiles are few). `glu`: the product is the
+    fused [gate; up] projection."""
     from shardline.kernels import gemv
-    from shardline.kernels._dispatch import hopper_or_later
-    from shardline.kernels.exp12 import EXP12_TILES
+    from shardline.kernels._dispatch import hopper_or_later, sm_count
+    from shardline.kernels.exp12 import exp12_tiles, split_fits
 
     out = [current]
     if current["impl"] in ("triton", "ring") and current.get("config"):
@@ -104,8 +106,9 @@ def candidates(current: dict, m: int, x: torch.Tensor, w: torch.Tensor, scale: t
         tma = hopper_or_later(x)  # on Hopper only the TMA twins, as every split-K choice of the H200 table is
         out += [{"impl": "triton", "config": c} for c in triton_candidates(m, tma=tma) if c.get("TMA") or not tma]
         out += [{"impl": "ring", "config": c} for c in ring_candidates(m, x, w, scale)]
-        if glu and tma and scale is None and w.dtype == torch.bfloat16 and x.dtype == torch.bfloat16:
-            out += [{"impl": "exp12", "config": c} for c in EXP12_TILES]
+        if exp12 and tma and scale is None and w.dtype == torch.bfloat16 and x.dtype == torch.bfloat16:
+            out += [{"impl": "exp12", "config": c} for c in exp12_tiles(w.shape[0], sm_count(x))
+                    if split_fits(w.shape[1], c["BLOCK_K"], c.get("SPLIT_K", 1)) is None]
     seen, unique = set(), []
     for c in out:
         tag = json.dumps({"impl": c["impl"], "config": c.get("config")}, sort_keys=True)
@@ -197,7 +200,7 @@ def _agrees(lin, choice: dict, m: int, x_dtype: torch.dtype, glu: bool) -> bool:
     try:
         lin.gemms = with_choice(GemmTable("this"), key(n, k, lin.weight.dtype, x.dtype), m, choice)
         if choice["impl"] == "exp12":
-            lin.prepare_exp12(glu, allowed=glu)  # the 12-bit form the choice runs
+            lin.prepare_exp12(glu)  # the 12-bit form the choice runs
         if glu:  # Linear.glu adds the bias, where the model has one
             return agrees(lin.glu(x), activation.silu_and_mul_ref(ref if lin.bias is None else ref + lin.bias))
         return agrees(lin(x, add_bias=False), ref)
@@ -206,7 +209,7 @@ def _agrees(lin, choice: dict, m: int, x_dtype: torch.dtype, glu: bool) -> bool:
     finally:
         lin.gemms = saved
         if choice["impl"] == "exp12":
-            lin.prepare_exp12(glu, allowed=glu)  # as the saved table has it
+            lin.prepare_exp12(glu)  # as the saved table has it
 
 
 def refine(engine, table: GemmTable, batches: list[int], cfg: ModelConfig, x_dtype: torch.dtype,
@@ -228,7 +231,7 @@ def refine(engine, table: GemmTable, batches: list[int], cfg: ModelConfig, x_dty
             current = current_choice(table, entry_key, b)
             x = torch.empty(b, k, device=lin.weight.device, dtype=x_dtype)
             glu = name == "up_proj" and cfg.activation == "silu_glu"
-            cands = [c for c in candidates(current, b, x, lin.weight, lin.scale, glu)
+            cands = [c for c in candidates(current, b, x, lin.weight, lin.scale, glu, exp12=name != "lm_head")
                      if c is current or ((impls is None or c["impl"] in impls) and _agrees(lin, c, b, x_dtype, glu))]
             times: list[list[float]] = [[] for _ in cands]
             for _ in range(rounds):

@@ -161,19 +161,25 @@ def test_tune_gemm_refuses_an_out_file_it_would_merge_into_that_is_no_good_table
         assert path.read_text() == text
 
 
-def test_the_12_bit_form_is_a_candidate_for_a_bf16_swiglu_up_projection_on_hopper(monkeypatch):
-    """Only there (the kernel runs the SwiGLU up-projection from bf16 on Hopper), and a candidate
-    is checked in the 12-bit form itself: _agrees packs the weight for it and puts the linear back."""
+def test_the_12_bit_form_is_a_candidate_for_a_layers_bf16_product_on_hopper(monkeypatch):
+    """Only there (the kernel runs a layer's products from bf16 on Hopper, not the head's), with
+    K split where its tiles are few (32 tiles of Llama-3-8B's o and down on 132 multiprocessors),
+    and a candidate is checked in the 12-bit form itself: _agrees packs the weight for it and puts
+    the linear back."""
     from shardline.kernels import _dispatch
     from shardline.kernels.exp12 import EXP12_TILES
     from shardline.model.layers import Linear
     x, w = torch.randn(16, 128).to(torch.bfloat16), (torch.randn(256, 128) * 0.02).to(torch.bfloat16)
     monkeypatch.setattr(_dispatch, "hopper_or_later", lambda t: True)
-    exp12 = [c for c in step_tuning.candidates(RING, 16, x, w, None, glu=True) if c["impl"] == "exp12"]
-    assert [c["config"] for c in exp12] == EXP12_TILES
-    assert not [c for c in step_tuning.candidates(RING, 16, x, w, None) if c["impl"] == "exp12"]
-    assert not [c for c in step_tuning.candidates(RING, 16, x.float(), w.float(), None, glu=True)
+    exp12 = [c for c in step_tuning.candidates(RING, 16, x, w, None, glu=True, exp12=True) if c["impl"] == "exp12"]
+    assert [c["config"] for c in exp12] == EXP12_TILES  # 2 tiles of 128 rows: K's 2 tiles of 64 cannot split 4 ways
+    assert not [c for c in step_tuning.candidates(RING, 16, x, w, None, glu=True) if c["impl"] == "exp12"]
+    assert not [c for c in step_tuning.candidates(RING, 16, x.float(), w.float(), None, glu=True, exp12=True)
                 if c["impl"] == "exp12"]
+    down_x, down_w = torch.empty(16, 14336, dtype=torch.bfloat16), torch.empty(4096, 14336, dtype=torch.bfloat16)
+    down = [c["config"] for c in step_tuning.candidates(RING, 16, down_x, down_w, None, exp12=True)
+            if c["impl"] == "exp12"]
+    assert down == [dict(c, SPLIT_K=4) for c in EXP12_TILES]
     monkeypatch.undo()
     lin = Linear(w)
     packed = []

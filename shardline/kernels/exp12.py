@@ -214,10 +214,32 @@ def pack(w: torch.Tensor, glu: bool = False) -> Exp12Weight:
 
 
 # What a tune-gemm table's exp12 entry may hold (gluon_exp12.py's tile: 128 stored rows, 8 warps).
-EXP12_DEFAULT_CONFIG = dict(BLOCK_K=128, STAGES=4)
-EXP12_KEYS = ("BLOCK_K", "STAGES", "EARLY", "LATE")
+EXP12_DEFAULT_CONFIG = dict(BLOCK_K=128, STAGES=4, SPLIT_K=1)
+EXP12_KEYS = ("BLOCK_K", "STAGES", "SPLIT_K", "EARLY", "LATE")
 EXP12_TILES = [dict(BLOCK_K=128, STAGES=4), dict(BLOCK_K=128, STAGES=3), dict(BLOCK_K=64, STAGES=8),
                dict(BLOCK_K=64, STAGES=6)]  # what `tune-gemm --in-step` tries for a SwiGLU up-projection
+MAX_SPLIT_K = 8
+
+
+def exp12_tiles(rows: int, sms: int) -> list[dict]:
+    """The tiles `tune-gemm --in-step` tries for a product of `rows` stored rows on `sms`
+    multiprocessors: EXP12_TILES, and where the tiles leave most multiprocessors idle (o and
+    down: 32 tiles) their twins with K split until the splits fill about one wave."""
+    tiles = max(rows // TILE_ROWS, 1)
+    splits = [s for s in (2, 4, 8) if tiles * s <= 1.25 * sms and tiles * s >= 0.5 * sms]
+    if tiles >= 0.75 * sms or not splits:
+        return [dict(c) for c in EXP12_TILES]
+    return [dict(c, SPLIT_K=s) for s in splits for c in EXP12_TILES]
+
+
+def split_fits(k: int, block_k: int, split_k: int) -> str | None:
+    """Why K split `split_k` ways in whole `block_k` tiles leaves a split without one, or None."""
+    k_tiles = -(-k // block_k)
+    per = -(-k_tiles // split_k)
+    if (split_k - 1) * per >= k_tiles:
+        return (f"exp12 SPLIT_K={split_k}: K={k} is {k_tiles} tiles of {block_k} columns, too few for every split "
+                "to take one; choose a SPLIT_K that divides them")
+    return None
 
 
 def exp12_config(config: dict | None) -> dict:
@@ -232,6 +254,8 @@ def exp12_config(config: dict | None) -> dict:
     if not (isinstance(cfg["STAGES"], int) and 2 <= cfg["STAGES"] <= (8 if cfg["BLOCK_K"] == 64 else 4)):
         raise ValueError(f"exp12 STAGES={cfg['STAGES']!r}: 2 to 4 stages of 128 columns (8 of 64) fit beside "
                          "the correction's buffers")
+    if not (isinstance(cfg["SPLIT_K"], int) and 1 <= cfg["SPLIT_K"] <= MAX_SPLIT_K):
+        raise ValueError(f"exp12 SPLIT_K={cfg['SPLIT_K']!r}: an integer from 1 to {MAX_SPLIT_K}")
     if not (isinstance(cfg.get("EARLY", 0), int) and cfg.get("EARLY", 0) >= 0) or cfg.get("LATE", 0) not in (0, 1):
         raise ValueError(f"exp12 EARLY={cfg.get('EARLY')!r}, LATE={cfg.get('LATE')!r}: EARLY an integer >= 0 (stages "
                          "requested before the PDL wait; default all), LATE 0 or 1")

@@ -21,9 +21,12 @@ Three partitions (warp specialization):
   the product is the bf16 weight's, bit for bit in the weights (the sums' order is the kernel's).
 
 The epilogue is the ring's (gluon_ring.finish: the RMSNorm fold's row factors, bias, SwiGLU, the
-store): with GLU a tile's 16-row slabs are 8 gate rows and the 8 up rows below them (exp12.row_order),
-so each thread holds gate and up of the same outputs. One program a tile, no K split, one launch
-and no host synchronisation: safe to capture in a CUDA graph.
+residual add and its sums of squares, the store): with GLU a tile's 16-row slabs are 8 gate rows
+and the 8 up rows below them (exp12.row_order), so each thread holds gate and up of the same
+outputs. A product of few tiles (Llama-3-8B's o and down: 32) splits K (SPLIT_K): each split
+corrects the listed weights in its own columns, and the tile's last split to finish sums the
+fp32 partials and runs the epilogue, as the ring's split-K does. One launch and no host
+synchronisation: safe to capture in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -121,14 +124,16 @@ def _request_planes(b_desc, n_desc, b_ring, n_ring, bar, slot, row, k, nbytes: g
 
 
 @gluon.jit
-def _producer(x_desc, b_desc, n_desc, x_ring, b_ring, n_ring, ready, empty, row, k_tiles, STAGES: gl.constexpr,
+def _producer(x_desc, b_desc, n_desc, x_ring, b_ring, n_ring, ready, empty, row, k_lo, k_tiles, STAGES: gl.constexpr,
               EARLY: gl.constexpr, USE_PDL: gl.constexpr):
     """One warp: a stage's `ready` completes when its x tile and planes have landed, its `empty`
-    when the consumers are done with it. The first EARLY stages' planes go before the PDL wait."""
+    when the consumers are done with it. The first EARLY stages' planes go before the PDL wait.
+    The split's K tiles start at column k_lo."""
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     nbytes: gl.constexpr = x_desc.block_type.nbytes + b_desc.block_type.nbytes + n_desc.block_type.nbytes
     for s in gl.static_range(EARLY):
-        _request_planes(b_desc, n_desc, b_ring, n_ring, ready.index(s), s, row, s * BLOCK_K, nbytes, s < k_tiles)
+        _request_planes(b_desc, n_desc, b_ring, n_ring, ready.index(s), s, row, k_lo + s * BLOCK_K, nbytes,
+                        s < k_tiles)
     if USE_PDL:
         _gdc_wait()
     for i in range(k_tiles):
@@ -136,29 +141,31 @@ def _producer(x_desc, b_desc, n_desc, x_ring, b_ring, n_ring, ready, empty, row,
         if i >= STAGES:
             mbarrier.wait(empty.index(slot), (i // STAGES - 1) & 1)
         if i >= EARLY:
-            _request_planes(b_desc, n_desc, b_ring, n_ring, ready.index(slot), slot, row, i * BLOCK_K, nbytes, True)
-        tma.async_copy_global_to_shared(x_desc, [0, i * BLOCK_K], ready.index(slot), x_ring.index(slot))
+            _request_planes(b_desc, n_desc, b_ring, n_ring, ready.index(slot), slot, row, k_lo + i * BLOCK_K, nbytes,
+                            True)
+        tma.async_copy_global_to_shared(x_desc, [0, k_lo + i * BLOCK_K], ready.index(slot), x_ring.index(slot))
 
 
 @gluon.jit
 def _corrections(x_ptr, stride_xm, M, rows_ptr, cols_ptr, vals_ptr, neg_floor, a_smem, g_smem, corr_ready, tile,
-                 E: gl.constexpr, USE_PDL: gl.constexpr):
+                 k_lo, k_hi, E: gl.constexpr, USE_PDL: gl.constexpr):
     """One warp: A_c [BW, 2E] (before the PDL wait: the list is the weight's) and G [64, 2E] (x's
     listed columns, after it) into shared memory, then `corr_ready`. Unused entries have row -1,
-    so their columns of A_c are zero."""
+    and entries outside this split's columns [k_lo, k_hi) value 0, so their columns of A_c are zero."""
     C: gl.constexpr = 2 * E
     layout: gl.constexpr = gl.BlockedLayout([1, C // 32], [1, 32], [1, 1], [1, 0])
     cols = gl.arange(0, C, layout=gl.SliceLayout(0, layout))
     e = tile * E + cols % E
     r_e = gl.load(rows_ptr + e)
+    k_e = gl.load(cols_ptr + e)
     v = gl.where(cols < E, gl.load(vals_ptr + e).to(gl.float32), neg_floor)
+    v = gl.where((k_e >= k_lo) & (k_e < k_hi), v, 0.0)
     for r0 in gl.static_range(0, BW, 16):
         r = r0 + gl.arange(0, 16, layout=gl.SliceLayout(1, layout))
         a = gl.where(r[:, None] == r_e[None, :], v[None, :], 0.0)
         a_smem.slice(r0, 16).store(a.to(gl.bfloat16))
     if USE_PDL:
         _gdc_wait()
-    k_e = gl.load(cols_ptr + e)
     for m0 in gl.static_range(0, ROWS, 16):
         m = m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, layout))
         g = gl.load(x_ptr + m[:, None] * stride_xm + k_e[None, :], mask=(m < M)[:, None], other=0.0)
@@ -203,15 +210,22 @@ def _consumer(x_ring, b_ring, n_ring, a_smem, g_smem, ready, empty, corr_ready, 
 
 @gluon.jit
 def _exp12_linear_kernel(x_desc, b_desc, n_desc, x_ptr, stride_xm, rows_ptr, cols_ptr, vals_ptr, neg_floor, add,
-                         bias_ptr, out_ptr, M, N, K, stride_om, ss_in_ptr, ss_parts, eps, E: gl.constexpr,
-                         HAS_BIAS: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr, EARLY: gl.constexpr,
-                         ROW_NORM: gl.constexpr, PARTS_P2: gl.constexpr, USE_PDL: gl.constexpr,
-                         LATE: gl.constexpr, num_warps: gl.constexpr):
-    """out [M, N] for stored tile pid (BW rows: with GLU 64 gate and 64 up rows, N the gate rows)."""
+                         bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_om, ss_in_ptr, ss_parts, eps, res_ptr,
+                         stride_res, ss_out_ptr, E: gl.constexpr, HAS_BIAS: gl.constexpr, GLU: gl.constexpr,
+                         SPLIT_K: gl.constexpr, STAGES: gl.constexpr, EARLY: gl.constexpr, ROW_NORM: gl.constexpr,
+                         PARTS_P2: gl.constexpr, RESIDUAL: gl.constexpr, USE_PDL: gl.constexpr, LATE: gl.constexpr,
+                         num_warps: gl.constexpr):
+    """out [M, N] for stored tile pid (BW rows: with GLU 64 gate and 64 up rows, N the gate rows),
+    over K split SPLIT_K ways in whole BLOCK_K tiles (the host gives every split at least one);
+    RESIDUAL: out = residual + the product, and each row's partial sum of squares at ss_out."""
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     pid = gl.program_id(0)
+    pid_k = gl.program_id(1)
     row = pid * BW
-    k_tiles = gl.cdiv(K, BLOCK_K)
+    k_tiles_all = gl.cdiv(K, BLOCK_K)
+    per_split = gl.cdiv(k_tiles_all, SPLIT_K)
+    k_lo = pid_k * per_split * BLOCK_K
+    k_tiles = gl.minimum(per_split, k_tiles_all - pid_k * per_split)
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, ROWS, BLOCK_K], x_desc.layout)
     b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BW, BLOCK_K // 4], b_desc.layout)
     n_ring = gl.allocate_shared_memory(n_desc.dtype, [STAGES, BW, BLOCK_K // 8], n_desc.layout)
@@ -229,10 +243,10 @@ def _exp12_linear_kernel(x_desc, b_desc, n_desc, x_ptr, stride_xm, rows_ptr, col
     acc, rstd = gl.warp_specialize(
         [(_consumer, (x_ring, b_ring, n_ring, a_smem, g_smem, ready, empty, corr_ready, k_tiles, add, ss_in_ptr,
                       ss_parts, eps, M, K, BLOCK_K, STAGES, ROW_NORM, PARTS_P2, USE_PDL, LATE, num_warps)),
-         (_producer, (x_desc, b_desc, n_desc, x_ring, b_ring, n_ring, ready, empty, row, k_tiles, STAGES, EARLY,
-                      USE_PDL)),
+         (_producer, (x_desc, b_desc, n_desc, x_ring, b_ring, n_ring, ready, empty, row, k_lo, k_tiles, STAGES,
+                      EARLY, USE_PDL)),
          (_corrections, (x_ptr, stride_xm, M, rows_ptr, cols_ptr, vals_ptr, neg_floor, a_smem, g_smem, corr_ready,
-                         pid, E, USE_PDL))],
+                         pid, k_lo, k_lo + k_tiles * BLOCK_K, E, USE_PDL))],
         [1, 1], [40, 128])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
@@ -254,8 +268,29 @@ def _exp12_linear_kernel(x_desc, b_desc, n_desc, x_ptr, stride_xm, rows_ptr, col
     offs_n = pid * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, out_layout))
     n_mask = offs_n < N
     mask = (offs_m[:, None] < M) & n_mask[None, :]
-    finish(acc, acc_up, rstd, rstd, rstd, offs_m, offs_n, n_mask, mask, bias_ptr, bias_ptr, out_ptr, stride_om,
-           out_ptr, pid, M, N, HAS_BIAS, GLU, ROW_NORM, False, False, False)
+    if SPLIT_K > 1:  # part is [SPLIT_K, 2 if GLU else 1, M, N] fp32; the tile's last split to arrive sums them
+        WT: gl.constexpr = 2 if GLU else 1
+        tile_offs = offs_m[:, None] * N + offs_n[None, :]
+        gl.store(part_ptr + pid_k * WT * M * N + tile_offs, acc, mask=mask)
+        if GLU:
+            gl.store(part_ptr + (pid_k * WT + 1) * M * N + tile_offs, acc_up, mask=mask)
+        gl.thread_barrier()  # every thread's partial is written before the counter moves
+        arrived = gl.atomic_add(count_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived != SPLIT_K - 1:
+            return
+        acc = gl.zeros((ROWS, BN), dtype=gl.float32, layout=out_layout)
+        acc_up = gl.zeros((ROWS, BN), dtype=gl.float32, layout=out_layout)
+        for s in range(SPLIT_K):  # a loop, not unrolled: every split's loads at once would spill
+            acc += gl.load(part_ptr + s * WT * M * N + tile_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            if GLU:
+                acc_up += gl.load(part_ptr + (s * WT + 1) * M * N + tile_offs, mask=mask, other=0.0,
+                                  cache_modifier=".cg")
+        gl.atomic_xchg(count_ptr + pid, 0)
+    res = acc  # a placeholder unless RESIDUAL
+    if RESIDUAL:
+        res = gl.load(res_ptr + offs_m[:, None] * stride_res + offs_n[None, :], mask=mask, other=0.0).to(gl.float32)
+    finish(acc, acc_up, rstd, res, rstd, offs_m, offs_n, n_mask, mask, bias_ptr, bias_ptr, out_ptr, stride_om,
+           ss_out_ptr, pid, M, N, HAS_BIAS, GLU, ROW_NORM, RESIDUAL, False, False)
 
 
 def smem_layouts(block_k: int) -> tuple:
@@ -265,42 +300,54 @@ def smem_layouts(block_k: int) -> tuple:
             gl.NVMMASharedLayout.get_default_for([TILE_ROWS, block_k // 8], gl.int32))
 
 
-def exp12_linear_gluon(x: torch.Tensor, w: Exp12Weight, bias: torch.Tensor | None, cfg: dict, norm=None) -> torch.Tensor:
+def exp12_linear_gluon(x: torch.Tensor, w: Exp12Weight, bias: torch.Tensor | None, cfg: dict, norm=None,
+                       residual: torch.Tensor | None = None):
     """y [.., N] for x [.., K] (bf16, at most 64 rows) and the 12-bit form of a [N, K] weight (with
     w.glu the fused [gate; up] projection, y [.., N / 2] = silu(gate) * up); `cfg`:
-    exp12.exp12_config's validated config; `norm`: the RMSNorm fold, as small_m_linear's."""
+    exp12.exp12_config's validated config (quant.exp12_linear checks its SPLIT_K against K);
+    `norm` and `residual`: the fold, as small_m_linear's (with `residual` the result is (stream,
+    its partial sums of squares [tiles, M]))."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from ._dispatch import use_pdl
-    from .triton_quant import FoldArgs
+    from .triton_quant import FoldArgs, _tile_counters
     rows, K = w.shape
     N = rows // 2 if w.glu else rows
+    tiles = rows // TILE_ROWS
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1 or x2.data_ptr() % 16 or (x2.stride(0) * x2.element_size()) % 16:
         x2 = x2.clone(memory_format=torch.contiguous_format)  # TMA's rules; a fresh allocation is aligned
     M = x2.shape[0]
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0:
-        return out.view(*x.shape[:-1], N)
-    block_k, stages = cfg["BLOCK_K"], cfg["STAGES"]
+        return out.view(*x.shape[:-1], N) if residual is None else (out, out.new_zeros((1, M), dtype=torch.float32))
+    block_k, stages, split_k = cfg["BLOCK_K"], cfg["STAGES"], cfg["SPLIT_K"]
     x_l, b_l, n_l = smem_layouts(block_k)
     x_desc = TensorDescriptor.from_tensor(x2, [64, block_k], x_l)
     b_desc = TensorDescriptor.from_tensor(w.b_plane.view(torch.int32), [TILE_ROWS, block_k // 4], b_l)
     n_desc = TensorDescriptor.from_tensor(w.n_plane.view(torch.int32), [TILE_ROWS, block_k // 8], n_l)
-    fold = FoldArgs(out, 1, M, norm, None)
-    ss_in, parts, eps = fold.args[:3]
+    fold = FoldArgs(out, tiles, M, norm, residual)
+    ss_in, parts, eps, res, stride_res, ss_out, _ = fold.args
+    if split_k > 1:
+        part = torch.empty((split_k, 2 if w.glu else 1, M, N), dtype=torch.float32, device=x.device)
+        counters = _tile_counters(x.device, tiles)
+    else:
+        part, counters = out, out  # unused
     pdl = use_pdl(x2)
-    _exp12_linear_kernel[(rows // TILE_ROWS,)](
+    _exp12_linear_kernel[(tiles, split_k)](
         x_desc, b_desc, n_desc, x2, x2.stride(0), w.corr_rows, w.corr_cols, w.corr_vals, -w.floor,
-        (w.base // 2) * 0x01010101, bias if bias is not None else out, out, M, N, K, out.stride(0), ss_in, parts, eps,
-        E=w.entries, HAS_BIAS=bias is not None, GLU=w.glu, STAGES=stages, EARLY=min(cfg.get("EARLY", stages), stages),
-        ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2, USE_PDL=pdl, LATE=bool(cfg.get("LATE", 0)),
-        num_warps=WARPS, launch_pdl=pdl)
+        (w.base // 2) * 0x01010101, bias if bias is not None else out, out, part, counters, M, N, K, out.stride(0),
+        ss_in, parts, eps, res, stride_res, ss_out,
+        E=w.entries, HAS_BIAS=bias is not None, GLU=w.glu, SPLIT_K=split_k, STAGES=stages,
+        EARLY=min(cfg.get("EARLY", stages), stages), ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2,
+        RESIDUAL=residual is not None, USE_PDL=pdl, LATE=bool(cfg.get("LATE", 0)), num_warps=WARPS, launch_pdl=pdl)
+    if residual is not None:
+        return out, fold.partials
     return out.view(*x.shape[:-1], N)
 
 
 def compile_for_sm90(glu: bool = True, row_norm: bool = True, block_k: int = 128, stages: int = 4, entries: int = 64,
-                     bias: bool = False):
+                     bias: bool = False, split_k: int = 1, residual: bool = False):
     """The kernel as exp12_linear_gluon launches it at 64 rows, compiled for sm_90 on any machine
     (no GPU): for tests and for reading its registers, spills and shared memory."""
     import triton
@@ -313,10 +360,11 @@ def compile_for_sm90(glu: bool = True, row_norm: bool = True, block_k: int = 128
            "b_desc": f"tensordesc<i32[{TILE_ROWS}, {block_k // 4}],{b_l!r}>",
            "n_desc": f"tensordesc<i32[{TILE_ROWS}, {block_k // 8}],{n_l!r}>",
            "x_ptr": "*bf16", "rows_ptr": "*i32", "cols_ptr": "*i32", "vals_ptr": "*bf16", "neg_floor": "fp32",
-           "bias_ptr": "*bf16", "out_ptr": "*bf16", "ss_in_ptr": "*fp32", "eps": "fp32"}
-    sig |= {n: "i32" for n in ("stride_xm", "add", "M", "N", "K", "stride_om", "ss_parts")}
-    constexprs = dict(E=entries, HAS_BIAS=bias, GLU=glu, STAGES=stages, EARLY=stages, ROW_NORM=row_norm, PARTS_P2=32,
-                      USE_PDL=True, LATE=False, num_warps=WARPS)
+           "bias_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32", "ss_in_ptr": "*fp32",
+           "eps": "fp32", "res_ptr": "*bf16", "ss_out_ptr": "*fp32"}
+    sig |= {n: "i32" for n in ("stride_xm", "add", "M", "N", "K", "stride_om", "ss_parts", "stride_res")}
+    constexprs = dict(E=entries, HAS_BIAS=bias, GLU=glu, SPLIT_K=split_k, STAGES=stages, EARLY=stages,
+                      ROW_NORM=row_norm, PARTS_P2=32, RESIDUAL=residual, USE_PDL=True, LATE=False, num_warps=WARPS)
     sig |= {k: "constexpr" for k in constexprs}
     src = GluonASTSource(fn=_exp12_linear_kernel, signature={n: sig[n] for n in order},
                          constexprs={(order.index(k),): v for k, v in constexprs.items()})

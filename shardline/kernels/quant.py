@@ -347,12 +347,13 @@ def ring_available(x: torch.Tensor) -> bool:
 
 
 def exp12_linear(x: torch.Tensor, packed, bias: torch.Tensor | None = None, config: dict | None = None,
-                 norm: RowNorm | None = None) -> torch.Tensor:
+                 norm: RowNorm | None = None, residual: torch.Tensor | None = None):
     """y = x @ W.T [+ bias] for 1..64 bf16 rows of x, W in the 12-bit form (exp12.Exp12Weight,
     whose product is the bf16 weight's); with packed.glu W is the fused [gate; up] projection and
-    y = silu(gate) * up; `norm` the RMSNorm fold, as small_m_linear's. By gluon_exp12.py on Hopper
-    with Gluon, else the reference on the weight the form holds."""
-    from .exp12 import exp12_config
+    y = silu(gate) * up; `norm` and `residual` the RMSNorm fold, as small_m_linear's (with
+    `residual`: (the stream, its partial sums of squares)). By gluon_exp12.py on Hopper with
+    Gluon, else the reference on the weight the form holds."""
+    from .exp12 import exp12_config, split_fits
     cfg = exp12_config(config)
     rows, k = packed.shape
     if x.shape[-1] != k or x.dtype != torch.bfloat16 or _rows(x) > RING_MAX_M:
@@ -360,10 +361,13 @@ def exp12_linear(x: torch.Tensor, packed, bias: torch.Tensor | None = None, conf
                          f"{tuple(x.shape)}: use the bf16 weight's kernels for these rows")
     if norm is not None and norm.sums is not None:
         raise ValueError("the 12-bit product folds an RMSNorm only, not a LayerNorm: keep the weight in bf16")
+    _check_fold(packed.glu, None, residual, norm, None, rows // 2 if packed.glu else rows)
+    if (why := split_fits(k, cfg["BLOCK_K"], cfg["SPLIT_K"])) is not None:
+        raise ValueError(why)
     if ring_available(x):
         from .gluon_exp12 import exp12_linear_gluon
-        return exp12_linear_gluon(x, packed, bias, cfg, norm)
-    return _reference(x, packed.weight(), None, bias, packed.glu, None, norm)
+        return exp12_linear_gluon(x, packed, bias, cfg, norm, residual)
+    return _reference(x, packed.weight(), None, bias, packed.glu, None, norm, residual)
 
 
 def ring_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

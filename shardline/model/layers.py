@@ -56,7 +56,8 @@ class Linear:
         self.exp12 = None
         if not allowed or self.scale is not None or self.weight.dtype != torch.bfloat16:
             log.warning("GEMM table: exp12 entry for the %dx%d product, which the 12-bit kernel does not run "
-                        "(the engine runs it for bf16 SwiGLU up-projections only); its default path runs", n, k)
+                        "(the engine runs it for a layer's bf16 products, not the head's); its default path runs",
+                        n, k)
             return
         try:
             self.exp12 = exp12.pack(self.weight, glu=glu)
@@ -150,11 +151,11 @@ class Linear:
         `gelu`: gelu_tanh of the result, in the split-K kernel's epilogue (after the ring's, a
         kernel)."""
         choice = self._choice(x)
-        if (choice is not None and choice["impl"] == "exp12" and glu == self.exp12.glu and residual is None
-                and greedy is None and not gelu and out_dtype is None and not sums):
-            return quant.exp12_linear(x, self.exp12, self.bias, choice["config"], norm=norm)
         if choice is not None and choice["impl"] == "exp12":
-            choice = None  # a fold the 12-bit kernel does not take (prepare_exp12 allows only its own)
+            if (glu == self.exp12.glu and greedy is None and not gelu and out_dtype is None and not sums
+                    and (norm is None or norm.sums is None)):  # an RMSNorm's fold, not a LayerNorm's
+                return quant.exp12_linear(x, self.exp12, self.bias, choice["config"], norm=norm, residual=residual)
+            choice = None  # a fold the 12-bit kernel does not take: the default path
         if choice is not None and choice["impl"] == "ring":
             y = quant.ring_linear(x, self.weight, self.bias, choice["config"], glu=glu, out_dtype=out_dtype,
                                   norm=norm, residual=residual, centre=self.centre, sums=sums)

@@ -349,9 +349,9 @@ class StageModel:
         """Use the per-shape, per-batch-size choices of `shardline tune-gemm` (a GemmTable)."""
         for lin in self.linears():
             lin.gemms = table
-        for layer in self.layers:  # the 12-bit form runs the SwiGLU up-projection (kernels/gluon_exp12.py)
+        for layer in self.layers:  # the 12-bit form runs a layer's products (kernels/gluon_exp12.py), not the head
             for lin in (layer.qkv_proj, layer.o_proj, layer.up_proj, layer.down_proj):
-                lin.prepare_exp12(glu=layer.is_glu, allowed=lin is layer.up_proj and layer.is_glu)
+                lin.prepare_exp12(glu=layer.is_glu and lin is layer.up_proj)
         if self.is_last:
             self.lm_head.prepare_exp12(glu=False, allowed=False)
 

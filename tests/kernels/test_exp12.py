@@ -1,8 +1,9 @@
 """The 12-bit weight form (shardline/kernels/exp12.py) and its kernel (gluon_exp12.py): the form
 gives back the bf16 weight bit for bit, corrections included; the product's reference on the CPU
 is the bf16 weight's; the kernel compiles for sm_90 on any machine with no spills and fits shared
-memory; a table's exp12 entry reaches the SwiGLU up-projection of a model and nothing else; on a
-Hopper GPU the kernel multiplies by exactly the weight packed (its corrections visible)."""
+memory; a table's exp12 entry reaches a layer's products and not the head; on a Hopper GPU the kernel
+multiplies by exactly the weight packed (its corrections visible), K split or not, the residual
+added with its sums of squares."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from shardline.gemm_tuning import GemmTable, key
 from shardline.kernels import _dispatch, quant
-from shardline.kernels.exp12 import MAX_ENTRIES, TILE_ROWS, exp12_config, pack, row_order, unpack
+from shardline.kernels.exp12 import MAX_ENTRIES, TILE_ROWS, exp12_config, exp12_tiles, pack, row_order, unpack
 from shardline.kernels.norm import RowNorm
 
 
@@ -74,11 +75,23 @@ def test_pack_names_what_it_cannot_take():
 
 
 def test_config_names_the_key_or_value():
-    assert exp12_config(None) == {"BLOCK_K": 128, "STAGES": 4}
-    with pytest.raises(ValueError, match="keys \\['SPLIT_K'\\] unknown"):
-        exp12_config({"SPLIT_K": 2})
+    assert exp12_config(None) == {"BLOCK_K": 128, "STAGES": 4, "SPLIT_K": 1}
+    with pytest.raises(ValueError, match="keys \\['SPLIT_N'\\] unknown"):
+        exp12_config({"SPLIT_N": 2})
     with pytest.raises(ValueError, match="STAGES=5"):
         exp12_config({"STAGES": 5})
+    with pytest.raises(ValueError, match="SPLIT_K=9: an integer from 1 to 8"):
+        exp12_config({"SPLIT_K": 9})
+    w = pack(_weight(256, 512))
+    with pytest.raises(ValueError, match="K=512 is 4 tiles of 128 columns, too few for every split"):
+        quant.exp12_linear(torch.randn(2, 512).to(torch.bfloat16), w, config={"SPLIT_K": 3})
+
+
+def test_k_is_split_where_the_tiles_are_few():
+    assert all("SPLIT_K" not in c for c in exp12_tiles(28672, 132))  # gate/up: 224 tiles, more than a wave
+    assert {c["SPLIT_K"] for c in exp12_tiles(4096, 132)} == {4}  # o and down: 32 tiles -> 128 programs
+    assert {c["SPLIT_K"] for c in exp12_tiles(6144, 132)} == {2}  # qkv: 48 tiles -> 96
+    assert {c["SPLIT_K"] for c in exp12_tiles(4096, 78)} == {2}  # fewer multiprocessors, fewer splits
     table = GemmTable("cpu", {"512x128:bfloat16:bfloat16": {8: {"impl": "exp12", "config": {"BLOCK_K": 32}}}})
     assert table.problems() == ["entry 512x128:bfloat16:bfloat16 at 8 rows: exp12 BLOCK_K=32: one of 64, 128"]
 
@@ -87,20 +100,28 @@ def test_the_product_off_the_gpu_is_the_bf16_weights():
     w = _weight(256, 512)
     x = torch.randn(6, 512).to(torch.bfloat16)
     norm = RowNorm(torch.rand(3, 6) * 100 + 1, 1e-5)
-    for glu, kw in ((True, {"norm": norm}), (False, {"bias": torch.randn(256).to(torch.bfloat16)})):
+    residual = torch.randn(6, 256).to(torch.bfloat16)
+    for glu, kw in ((True, {"norm": norm}), (False, {"bias": torch.randn(256).to(torch.bfloat16)}),
+                    (False, {"norm": norm, "residual": residual, "config": {"SPLIT_K": 2}})):
         got = quant.exp12_linear(x, pack(w, glu=glu), **kw)
-        want = quant._reference(x, w, None, kw.get("bias"), glu, None, kw.get("norm"))
-        assert torch.equal(got, want)
+        want = quant._reference(x, w, None, kw.get("bias"), glu, None, kw.get("norm"), kw.get("residual"))
+        assert all(torch.equal(g, h) for g, h in zip(got, want)) if "residual" in kw else torch.equal(got, want)
+    with pytest.raises(ValueError, match="the residual add follows a plain product"):
+        quant.exp12_linear(x, pack(w, glu=True), residual=residual)
     with pytest.raises(ValueError, match="1..64 bf16 rows of 512 columns"):
         quant.exp12_linear(torch.randn(65, 512).to(torch.bfloat16), pack(w))
 
 
-@pytest.mark.parametrize("glu, row_norm, block_k, stages", [(True, True, 128, 4), (False, False, 64, 8)])
-def test_the_kernel_compiles_for_sm90_without_spills(glu, row_norm, block_k, stages):
+@pytest.mark.parametrize("glu, row_norm, block_k, stages, split_k, residual",
+                         [(True, True, 128, 4, 1, False), (False, False, 64, 8, 1, False),
+                          (False, True, 128, 4, 2, False), (False, False, 128, 4, 4, True)],
+                         ids=["gate-up", "plain", "qkv-split", "down-split-residual"])
+def test_the_kernel_compiles_for_sm90_without_spills(glu, row_norm, block_k, stages, split_k, residual):
     pytest.importorskip("triton.experimental.gluon", reason="the kernel is written in Gluon")
     from benchmarks.gemv_registers import _ptxas
     from shardline.kernels.gluon_exp12 import compile_for_sm90
-    kernel = compile_for_sm90(glu=glu, row_norm=row_norm, block_k=block_k, stages=stages, entries=MAX_ENTRIES)
+    kernel = compile_for_sm90(glu=glu, row_norm=row_norm, block_k=block_k, stages=stages, entries=MAX_ENTRIES,
+                              split_k=split_k, residual=residual)
     ptx = kernel.asm["ptx"]
     regs, spills = _ptxas(ptx)
     assert spills == 0 and kernel.metadata.shared <= quant.RING_SMEM_BYTES
@@ -108,7 +129,9 @@ def test_the_kernel_compiles_for_sm90_without_spills(glu, row_norm, block_k, sta
     assert "griddepcontrol.wait" in ptx
 
 
-def _llama(table_entry: dict | None, shape_of: str = "up"):
+def _llama(entries: dict[str, dict]):
+    """LLAMA_SMALL with a table giving each linear named in `entries` (qkv_proj, o_proj, up_proj,
+    down_proj, lm_head) its entry at 8 rows."""
     from shardline.config import ModelConfig
     from shardline.model.random_weights import LLAMA_SMALL, random_manifest, random_stage_weights
     from shardline.model.transformer import StageModel
@@ -116,40 +139,55 @@ def _llama(table_entry: dict | None, shape_of: str = "up"):
     cfg = ModelConfig(**LLAMA_SMALL)
     weights = random_stage_weights(random_manifest(cfg, "bf16"), 0, 0, "cpu", seed=3)
     model = StageModel(cfg, single_rank(), weights, 0, cfg.num_layers, True, True)
-    layer = model.layers[0]
-    lin = layer.up_proj if shape_of == "up" else layer.o_proj
-    n, k = lin.weight.shape
-    entries = {key(n, k, torch.bfloat16, torch.bfloat16): {8: table_entry}} if table_entry else {}
-    model.configure_gemms(GemmTable("cpu", entries))
+    owner = {"lm_head": model}
+    table = {}
+    for name, entry in entries.items():
+        n, k = getattr(owner.get(name, model.layers[0]), name).weight.shape
+        table[key(n, k, torch.bfloat16, torch.bfloat16)] = {8: entry}
+    model.configure_gemms(GemmTable("cpu", table))
     return model, cfg
 
 
-def test_a_tables_exp12_entry_packs_the_up_projection_and_the_step_is_unchanged(monkeypatch):
+def _step(model, step):
+    ids, meta, caches = step
+    with torch.inference_mode():
+        return model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
+
+
+def test_a_tables_exp12_entries_pack_a_layers_products_and_the_step_is_unchanged(monkeypatch):
+    """Gate/up (the norm folded in, SwiGLU after), qkv (the norm folded in), o and down (K split,
+    the residual added after) in the 12-bit form: the decode step's logits are the bf16 weights'."""
     from tests.test_norm_fold import _decode_step
     calls = []
     real = quant.exp12_linear
-    monkeypatch.setattr(quant, "exp12_linear", lambda *a, **kw: calls.append(kw.get("norm")) or real(*a, **kw))
-    model, cfg = _llama({"impl": "exp12", "config": {"BLOCK_K": 128, "STAGES": 4}})
-    assert all(layer.up_proj.exp12 is not None and layer.up_proj.exp12.glu for layer in model.layers)
-    assert all(lin.exp12 is None for layer in model.layers for lin in (layer.qkv_proj, layer.o_proj, layer.down_proj))
-    plain, _ = _llama(None)
-    ids, meta, caches = _decode_step(cfg, 6, 40)
-    with torch.inference_mode():
-        got = model.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
-    assert len(calls) == cfg.num_layers, "every layer's gate/up in the 12-bit form"
+    monkeypatch.setattr(quant, "exp12_linear", lambda x, packed, *a, **kw: calls.append(
+        (packed.glu, kw.get("norm"), kw.get("residual"))) or real(x, packed, *a, **kw))
+    split = {"impl": "exp12", "config": {"BLOCK_K": 64, "STAGES": 4, "SPLIT_K": 2}}
+    model, cfg = _llama({"up_proj": {"impl": "exp12", "config": {"BLOCK_K": 128, "STAGES": 4}},
+                         "qkv_proj": split, "o_proj": split, "down_proj": split})
+    for layer in model.layers:
+        assert layer.up_proj.exp12.glu and not any(lin.exp12.glu for lin in (layer.qkv_proj, layer.o_proj,
+                                                                              layer.down_proj))
+    step = _decode_step(cfg, 6, 40)
+    got = _step(model, step)
+    assert len(calls) == 4 * cfg.num_layers, "every layer's four products in the 12-bit form"
     if not _dispatch.TRITON_INTERPRET:  # interpreted, CPU tensors take the kernels' paths: no fold without entries
-        assert all(isinstance(norm, RowNorm) for norm in calls), "with the norm folded in"
-    with torch.inference_mode():
-        want = plain.forward(ids, meta, [(k.clone(), v.clone()) for k, v in caches])
-    assert torch.equal(got, want)
+        assert [(glu, isinstance(norm, RowNorm), residual is not None) for glu, norm, residual in calls[:4]] == \
+            [(False, True, False), (False, False, True), (True, True, False), (False, False, True)], \
+            "qkv and gate/up with the norm folded in, o and down with the residual added"
+    want = _step(_llama({})[0], step)
+    if _dispatch.TRITON_INTERPRET:  # the plain model's products are the kernels' here, summed in their order
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    else:  # both the references': the same sums
+        assert torch.equal(got, want)
 
 
-def test_an_exp12_entry_for_another_product_is_warned_and_runs_the_default(caplog):
+def test_an_exp12_entry_for_the_head_is_warned_and_runs_the_default(caplog):
     with caplog.at_level(logging.WARNING):
-        model, _ = _llama({"impl": "exp12", "config": None}, shape_of="o")
+        model, _ = _llama({"lm_head": {"impl": "exp12", "config": None}})
     assert "which the 12-bit kernel does not run" in caplog.text
-    x = torch.randn(8, model.layers[0].o_proj.weight.shape[1]).to(torch.bfloat16)
-    assert model.layers[0].o_proj.exp12 is None and model.layers[0].o_proj._choice(x) is None
+    x = torch.randn(8, model.lm_head.weight.shape[1]).to(torch.bfloat16)
+    assert model.lm_head.exp12 is None and model.lm_head._choice(x) is None
 
 
 @pytest.mark.gpu
@@ -159,19 +197,27 @@ def test_the_kernel_multiplies_by_the_weight_packed(device, m):
         pytest.skip("the kernel is Gluon for Hopper (TMA, wgmma with a register operand); Triton's interpreter "
                     "does not run Gluon, and the form's CPU tests are above")
     w = _weight(384, 960, device)  # 3 tiles; K a multiple of 64, not of 128: a partial last tile
-    w[3, 100] = 0.0  # below the window, and x's column 100 is large: the correction shows
+    w[3, 100] = w[5, 900] = 0.0  # below the window, and x's columns 100 and 900 are large: the corrections show
     x = torch.randn(m, 960, device=device)
-    x[:, 100] = 1e6
+    x[:, 100] = x[:, 900] = 1e6  # (with K split, in the first split's columns and in the last's)
     x = x.to(torch.bfloat16)
     plain = pack(w)
     floor_w = unpack(plain.b_plane, plain.n_plane, plain.base)  # what the loop multiplies, uncorrected
     norm = RowNorm(torch.rand(3, m, device=device) * 100 + 1, 1e-5)
+    residual = (torch.randn(m, 384, device=device) * 4).to(torch.bfloat16)
     cases = [(True, {"norm": norm}, {}), (False, {"bias": torch.randn(384, device=device).to(torch.bfloat16)}, {}),
-             (True, {}, {"BLOCK_K": 64, "STAGES": 8})]
+             (True, {}, {"BLOCK_K": 64, "STAGES": 8}), (True, {"norm": norm}, {"SPLIT_K": 2}),
+             (False, {"residual": residual}, {"BLOCK_K": 64, "STAGES": 4, "SPLIT_K": 3}),
+             (False, {"norm": norm, "residual": residual}, {"SPLIT_K": 4})]
     for glu, kw, cfg in cases:
-        got = quant.exp12_linear(x, pack(w, glu=glu), config=cfg, **kw).float()
-        want = quant._reference(x, w, None, kw.get("bias"), glu, None, kw.get("norm")).float()
-        uncorrected = quant._reference(x, floor_w, None, kw.get("bias"), glu, None, kw.get("norm")).float()
+        args = (None, kw.get("bias"), glu, None, kw.get("norm"), kw.get("residual"))
+        got = quant.exp12_linear(x, pack(w, glu=glu), config=cfg, **kw)
+        want, uncorrected = quant._reference(x, w, *args), quant._reference(x, floor_w, *args)
+        if "residual" in kw:  # (the stream, each tile's partial sums of squares of its rows)
+            (got, parts), (want, want_ss), (uncorrected, _) = got, want, uncorrected
+            assert parts.shape == (3, m)
+            torch.testing.assert_close(parts.sum(0), want_ss[0], rtol=2e-2, atol=1e-2)
+        got, want, uncorrected = got.float(), want.float(), uncorrected.float()
         tol = 2e-2 * want.abs() + 2e-2
-        assert ((got - want).abs() <= tol).all(), (glu, kw.keys(), (got - want).abs().max())
+        assert ((got - want).abs() <= tol).all(), (glu, kw.keys(), cfg, (got - want).abs().max())
         assert ((uncorrected - want).abs() > 5 * tol).any(), "the test's correction would not show"

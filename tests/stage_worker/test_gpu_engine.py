@@ -189,11 +189,12 @@ def test_tuned_ring_gemm_keeps_bf16_greedy_choices(models, tmp_path, ring):
                                                                                            ignore_eos=True)))
 
 
-def test_tuned_exp12_gate_up_keeps_bf16_greedy_choices(tmp_path, tiny_hf):
-    """Gate/up in the 12-bit form (kernels/exp12.py: the RMSNorm folded in, SwiGLU in the epilogue,
-    the out-of-window weights corrected) for decode steps of up to 64 rows, every other linear
-    through the ring GEMM: the reference's greedy choices. The tiny models' 96-wide hidden is
-    not a multiple of the form's 64-column blocks, so this llama is 128 wide."""
+def test_tuned_exp12_products_keep_bf16_greedy_choices(tmp_path, tiny_hf):
+    """Every layer's products in the 12-bit form (kernels/exp12.py) for decode steps of up to 64
+    rows: gate/up and qkv with the RMSNorm folded in (SwiGLU in gate/up's epilogue), o and down
+    with K split and the residual added, the out-of-window weights corrected; the head through
+    the ring GEMM. The reference's greedy choices. The tiny models' 96-wide hidden is not a
+    multiple of the form's 64-column blocks, so this llama is 128 wide."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the 12-bit kernel is for Hopper (TMA, wgmma with a register operand)")
     pytest.importorskip("triton.experimental.gluon", reason="the 12-bit kernel is written in Gluon")
@@ -201,11 +202,14 @@ def test_tuned_exp12_gate_up_keeps_bf16_greedy_choices(tmp_path, tiny_hf):
                  intermediate_size=256)
     convert(hf, tmp_path / "bf16", tp=1, pp=2, dtype="bf16")
     ring = {"impl": "ring", "config": dict(BLOCK_N=64, BLOCK_K=64, STAGES=3, SPLIT_K=2)}
-    exp12 = {"impl": "exp12", "config": {"BLOCK_K": 128, "STAGES": 4}}
-    table = _gemm_table(tmp_path / "bf16", tmp_path / "gemm.json", torch.bfloat16, ring, {"up_proj": exp12})
+    split = {"impl": "exp12", "config": {"BLOCK_K": 64, "STAGES": 4, "SPLIT_K": 2}}
+    table = _gemm_table(tmp_path / "bf16", tmp_path / "gemm.json", torch.bfloat16, ring,
+                        {"up_proj": {"impl": "exp12", "config": {"BLOCK_K": 128, "STAGES": 4}},
+                         "qkv_proj": split, "o_proj": split, "down_proj": split})
     fast = LocalPipeline(tmp_path / "bf16", config=dataclasses.replace(GPU, gemm_config=table))
-    ups = [layer.up_proj for engine in fast.engines for layer in engine.model.layers]
-    assert ups and all(up.exp12 is not None for up in ups), "every gate/up packed in the 12-bit form"
+    layers = [layer for engine in fast.engines for layer in engine.model.layers]
+    assert layers and all(lin.exp12 is not None for layer in layers
+                          for lin in (layer.qkv_proj, layer.o_proj, layer.up_proj, layer.down_proj))
     assert_reference_greedy_choices(tmp_path / "bf16", fast.generate(PROMPTS, SamplingParams(max_tokens=64,
                                                                                              ignore_eos=True)))
 
