@@ -12,7 +12,7 @@ if [[ "$gpu" != *H200* ]]; then tv --gemm-config $T --gpu "$gpu" --out /tmp/base
 tv --gemm-config $T --set "up_proj@64=$E}}" --out /tmp/up.json
 tv --gemm-config /tmp/up.json --set "o_proj@64=$E, \"SPLIT_K\": 4}}" --set "down_proj@64=$E, \"SPLIT_K\": 4}}" --out /tmp/uod.json
 tv --gemm-config /tmp/uod.json --set "qkv_proj@64=$E, \"SPLIT_K\": 2}}" --out /tmp/all.json
-cp /tmp/*.json ${OUT:-/tmp}/
+cp /tmp/up.json /tmp/uod.json /tmp/all.json ${OUT:-/tmp}/
 timeout 420 python benchmarks/decode_bench.py --batches 64 --skip int8,fp8,gptj,prefill --gemm-configs $T,/tmp/up.json,/tmp/uod.json,/tmp/all.json --ab-rounds 2 > ${OUT:-/tmp}/ab.txt 2> ${OUT:-/tmp}/ab.err
 grep decode_ms ${OUT:-/tmp}/ab.txt | grep -v '"gpu"' | python3 -c "
 import sys,json

@@ -38,7 +38,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .exp12 import MASK, TILE_ROWS, Exp12Weight
-from .gluon_ring import _gdc_launch_dependents, _gdc_wait, _out_layout, finish, fold_factors, fold_loads
+from .gluon_ring import (_gdc_launch_dependents, _gdc_wait, _out_layout, finish, fold_factors, fold_loads,
+                         split_k_arrive, split_k_sum)
 
 ROWS = gl.constexpr(64)  # x's rows: the wgmma's N, whatever M <= 64 is
 BW = gl.constexpr(TILE_ROWS)  # stored weight rows a program: 8 warps of 16
@@ -268,24 +269,10 @@ def _exp12_linear_kernel(x_desc, b_desc, n_desc, x_ptr, stride_xm, rows_ptr, col
     offs_n = pid * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, out_layout))
     n_mask = offs_n < N
     mask = (offs_m[:, None] < M) & n_mask[None, :]
-    if SPLIT_K > 1:  # part is [SPLIT_K, 2 if GLU else 1, M, N] fp32; the tile's last split to arrive sums them
-        WT: gl.constexpr = 2 if GLU else 1
-        tile_offs = offs_m[:, None] * N + offs_n[None, :]
-        gl.store(part_ptr + pid_k * WT * M * N + tile_offs, acc, mask=mask)
-        if GLU:
-            gl.store(part_ptr + (pid_k * WT + 1) * M * N + tile_offs, acc_up, mask=mask)
-        gl.thread_barrier()  # every thread's partial is written before the counter moves
-        arrived = gl.atomic_add(count_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        if arrived != SPLIT_K - 1:
+    if SPLIT_K > 1:  # the tile's last split to arrive sums the fp32 partials and runs the epilogue
+        if not split_k_arrive(acc, acc_up, part_ptr, count_ptr, pid, pid_k, offs_m, offs_n, mask, M, N, SPLIT_K, GLU):
             return
-        acc = gl.zeros((ROWS, BN), dtype=gl.float32, layout=out_layout)
-        acc_up = gl.zeros((ROWS, BN), dtype=gl.float32, layout=out_layout)
-        for s in range(SPLIT_K):  # a loop, not unrolled: every split's loads at once would spill
-            acc += gl.load(part_ptr + s * WT * M * N + tile_offs, mask=mask, other=0.0, cache_modifier=".cg")
-            if GLU:
-                acc_up += gl.load(part_ptr + (s * WT + 1) * M * N + tile_offs, mask=mask, other=0.0,
-                                  cache_modifier=".cg")
-        gl.atomic_xchg(count_ptr + pid, 0)
+        acc, acc_up = split_k_sum(part_ptr, count_ptr, pid, offs_m, offs_n, mask, M, N, SPLIT_K, GLU, True, num_warps)
     res = acc  # a placeholder unless RESIDUAL
     if RESIDUAL:
         res = gl.load(res_ptr + offs_m[:, None] * stride_res + offs_n[None, :], mask=mask, other=0.0).to(gl.float32)

@@ -269,27 +269,58 @@ def _ring_linear_kernel(x_desc, w_desc, bias_ptr, out_ptr, part_ptr, count_ptr, 
     n_mask = offs_n < row_end
     mask = (offs_m[:, None] < M) & n_mask[None, :]
     if SPLIT_K > 1:
-        # part is [SPLIT_K, WT, M, N] fp32; the tile's last split to arrive sums the partials.
-        tile_offs = offs_m[:, None] * N + offs_n[None, :]
-        gl.store(part_ptr + pid_k * WT * M * N + tile_offs, acc, mask=mask)
-        if GLU:
-            gl.store(part_ptr + (pid_k * WT + 1) * M * N + tile_offs, acc_up, mask=mask)
-        gl.thread_barrier()  # every thread's partial is written before the counter moves
-        arrived = gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived != SPLIT_K - 1:
+        if not split_k_arrive(acc, acc_up, part_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, mask, M, N, SPLIT_K,
+                              GLU):
             _stamp(trace_ptr, program, T_EXIT, TRACE)
             return
-        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=out_layout)
-        acc_up = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=out_layout)
+        acc, acc_up = split_k_sum(part_ptr, count_ptr, pid_n, offs_m, offs_n, mask, M, N, SPLIT_K, GLU, False,
+                                  num_warps)
+    finish(acc, acc_up, rstd, res, mean, offs_m, offs_n, n_mask, mask, bias_ptr, centre_ptr, out_ptr, stride_om,
+           ss_out_ptr, pid_n, M, N, HAS_BIAS, GLU, ROW_NORM, RESIDUAL, CENTRED, SUMS)
+    _stamp(trace_ptr, program, T_EXIT, TRACE)
+
+
+@gluon.jit
+def split_k_arrive(acc, acc_up, part_ptr, count_ptr, tile, pid_k, offs_m, offs_n, mask, M, N, SPLIT_K: gl.constexpr,
+                   GLU: gl.constexpr):
+    """Leave this split's sums of tile `tile` (acc, and acc_up with GLU) in part [SPLIT_K, 2 if GLU
+    else 1, M, N] fp32 and count it in; true in the tile's last split to arrive, which sums them
+    (split_k_sum) and runs the epilogue. Shared by the ring and the 12-bit kernel."""
+    WT: gl.constexpr = 2 if GLU else 1
+    tile_offs = offs_m[:, None] * N + offs_n[None, :]
+    gl.store(part_ptr + pid_k * WT * M * N + tile_offs, acc, mask=mask)
+    if GLU:
+        gl.store(part_ptr + (pid_k * WT + 1) * M * N + tile_offs, acc_up, mask=mask)
+    gl.thread_barrier()  # every thread's partial is written before the counter moves
+    arrived = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    return arrived == SPLIT_K - 1
+
+
+@gluon.jit
+def split_k_sum(part_ptr, count_ptr, tile, offs_m, offs_n, mask, M, N, SPLIT_K: gl.constexpr, GLU: gl.constexpr,
+                ROLLED: gl.constexpr, num_warps: gl.constexpr):
+    """(acc, acc_up): every split's partials of tile `tile` summed, in the epilogue's layout, and
+    its counter reset for the next call. ROLLED: a loop over the splits, not unrolled (every
+    split's loads at once spill the 12-bit kernel's 8 warps)."""
+    WT: gl.constexpr = 2 if GLU else 1
+    out_layout: gl.constexpr = _out_layout(num_warps)
+    tile_offs = offs_m[:, None] * N + offs_n[None, :]
+    acc = gl.zeros(tile_offs.shape, dtype=gl.float32, layout=out_layout)
+    acc_up = gl.zeros(tile_offs.shape, dtype=gl.float32, layout=out_layout)
+    if ROLLED:
+        for s in range(SPLIT_K):
+            acc += gl.load(part_ptr + s * WT * M * N + tile_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            if GLU:
+                acc_up += gl.load(part_ptr + (s * WT + 1) * M * N + tile_offs, mask=mask, other=0.0,
+                                  cache_modifier=".cg")
+    else:
         for s in gl.static_range(SPLIT_K):
             acc += gl.load(part_ptr + s * WT * M * N + tile_offs, mask=mask, other=0.0, cache_modifier=".cg")
             if GLU:
                 acc_up += gl.load(part_ptr + (s * WT + 1) * M * N + tile_offs, mask=mask, other=0.0,
                                   cache_modifier=".cg")
-        gl.atomic_xchg(count_ptr + pid_n, 0)
-    finish(acc, acc_up, rstd, res, mean, offs_m, offs_n, n_mask, mask, bias_ptr, centre_ptr, out_ptr, stride_om,
-           ss_out_ptr, pid_n, M, N, HAS_BIAS, GLU, ROW_NORM, RESIDUAL, CENTRED, SUMS)
-    _stamp(trace_ptr, program, T_EXIT, TRACE)
+    gl.atomic_xchg(count_ptr + tile, 0)
+    return acc, acc_up
 
 
 @gluon.jit
