@@ -56,7 +56,9 @@ def random_stage_weights(manifest: Manifest, stage: int, rank: int, device: torc
         if "norm" in t.name and t.name.endswith(".weight"):
             weights[t.name] = torch.ones(t.shape, dtype=dtype, device=device)
             continue
-        w = torch.empty(t.shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=gen)
+        # drawn in fp32, then rounded: the same weights on every torch version (a bf16 normal_ on the
+        # CPU has changed between versions, and with it how its exponents spread)
+        w = torch.empty(t.shape, dtype=torch.float32, device=device).normal_(0.0, 0.02, generator=gen).to(dtype)
         if manifest.quantization in WEIGHT_ONLY and t.is_projection:
             weights[t.name], weights[t.name + "_scale"] = WEIGHT_ONLY[manifest.quantization][1](w, dtype)
         else:
