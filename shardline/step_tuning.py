@@ -201,6 +201,8 @@ def _agrees(lin, choice: dict, m: int, x_dtype: torch.dtype, glu: bool) -> bool:
         lin.gemms = with_choice(GemmTable("this"), key(n, k, lin.weight.dtype, x.dtype), m, choice)
         if choice["impl"] == "exp12":
             lin.prepare_exp12(glu)  # the 12-bit form the choice runs
+            if lin._choice(x) is None:
+                return False  # the form does not take this weight or config: the default path would run
         if glu:  # Linear.glu adds the bias, where the model has one
             return agrees(lin.glu(x), activation.silu_and_mul_ref(ref if lin.bias is None else ref + lin.bias))
         return agrees(lin(x, add_bias=False), ref)

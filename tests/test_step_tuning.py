@@ -188,3 +188,5 @@ def test_the_12_bit_form_is_a_candidate_for_a_layers_bf16_product_on_hopper(monk
                         packed.append(self.exp12 is not None))
     assert step_tuning._agrees(lin, exp12[0], 16, torch.bfloat16, glu=True)
     assert packed == [True, False] and lin.gemms is None and lin.exp12 is None
+    w[0, :] = 0.0  # 128 zeros in one tile, which K in 2 tiles cannot split to 64 a split: the form packs the weight
+    assert not step_tuning._agrees(Linear(w), exp12[0], 16, torch.bfloat16, glu=True)  # but runs no such config

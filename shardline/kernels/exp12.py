@@ -15,7 +15,8 @@ back from two B words and one N word in 9 instructions (gluon_exp12.py; `decode_
 them here). The window is the one that leaves out the fewest weights (`window_base`). Weights
 outside it (zeros, the tiniest magnitudes, a stray outlier above the bulk) are stored as the
 window's floor, 2^(base - 127), and **corrected exactly**: each tile of 128 stored rows lists
-those weights (row in the tile, column, true value), and the kernel adds, after its loop,
+those weights (row in the tile, column, true value; sorted by column, so that each K split of a
+tile takes its own columns' run of the list, at most 64), and the kernel adds, after its loop,
 the product of x's columns with (true value - floor), as two bf16 terms (the value, and -floor),
 so the weights multiplied are the bf16 weights themselves, bit for bit (`Exp12Weight.weight`).
 
@@ -26,13 +27,13 @@ so that a thread's accumulator holds gate and up of the same output; else in the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 TILE_ROWS = 128  # stored rows a program multiplies (8 warps, 16 rows each)
 BLOCK = 64  # the columns a permuted block spans (the wgmma's K of 16, four lanes' worth)
-MAX_ENTRIES = 64  # out-of-window weights one tile may list (the kernel's correction is [128, 2 * 64] x [2 * 64, 64])
+MAX_ENTRIES = 64  # out-of-window weights one tile's K split may list (its correction: [128, 2 * 64] x [2 * 64, 64])
 MASK = 0x87878787  # a byte's sign bit and its 3 bits of c >> 1
 
 
@@ -142,8 +143,11 @@ def unpack(b_plane: torch.Tensor, n_plane: torch.Tensor, base: int) -> torch.Ten
 @dataclass
 class Exp12Weight:
     """A bf16 [rows, K] weight in the 12-bit form, rows in stored order (`row_order`), with each
-    tile's corrections: `corr_rows` [tiles, entries] int32 (the row in the tile, -1 for none),
-    `corr_cols` int32 (the column), `corr_vals` bf16 (the true weight)."""
+    tile's corrections sorted by column: `corr_rows` [tiles, entries] int32 (the row in the tile,
+    -1 for none), `corr_cols` int32 (the column), `corr_vals` bf16 (the true weight), and
+    `corr_start` [tiles, K / 64 + 1] int32 (where the entries of each 64-column block begin, so
+    that a K split takes its own columns' entries). `block_counts` [tiles, K / 64]: the entries of
+    each block, on the host, for checking a config against the list without a device sync."""
 
     b_plane: torch.Tensor
     n_plane: torch.Tensor
@@ -152,6 +156,9 @@ class Exp12Weight:
     corr_rows: torch.Tensor
     corr_cols: torch.Tensor
     corr_vals: torch.Tensor
+    corr_start: torch.Tensor
+    block_counts: torch.Tensor
+    _split_entries: dict = field(default_factory=dict, repr=False)  # (BLOCK_K, SPLIT_K) -> the most a split holds
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -169,7 +176,41 @@ class Exp12Weight:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.b_plane, self.n_plane, self.corr_rows, self.corr_cols,
-                                                           self.corr_vals))
+                                                           self.corr_vals, self.corr_start))
+
+    def unfit(self, config: dict | None) -> str | None:
+        """Why the kernel cannot run this weight with a table entry's config, or None: a K split
+        without a K tile, or one whose columns hold more corrections than its list (MAX_ENTRIES)."""
+        cfg = exp12_config(config)
+        block_k, split_k = cfg["BLOCK_K"], cfg["SPLIT_K"]
+        if (why := split_fits(self.shape[1], block_k, split_k)) is not None:
+            return why
+        if (most := self._most_a_split(block_k, split_k)) <= MAX_ENTRIES:
+            return None
+        finer = [s for s in range(split_k + 1, MAX_SPLIT_K + 1) if split_fits(self.shape[1], block_k, s) is None
+                 and self._most_a_split(block_k, s) <= MAX_ENTRIES]
+        fix = f"split K more ways (SPLIT_K {', '.join(map(str, finer))} fit)" if finer else \
+            f"no finer split of BLOCK_K={block_k} holds them"
+        return (f"the 12-bit form: {most} weights outside the exponent window [{self.base}, {self.base + 15}] fall "
+                f"in one tile's K split of SPLIT_K={split_k} (a split corrects at most {MAX_ENTRIES}): {fix}, "
+                "or keep the weight in bf16")
+
+    def split_entries(self, block_k: int, split_k: int) -> int:
+        """The correction list the kernel holds for one (tile, K split) of this config: the most
+        entries any split's columns hold, rounded up to a power of two (16 at least); a
+        ValueError where the config does not fit (`unfit`)."""
+        if (why := self.unfit({"BLOCK_K": block_k, "SPLIT_K": split_k})) is not None:
+            raise ValueError(why)
+        return max(16, 1 << max(self._most_a_split(block_k, split_k) - 1, 0).bit_length())
+
+    def _most_a_split(self, block_k: int, split_k: int) -> int:
+        if (block_k, split_k) not in self._split_entries:
+            tiles, blocks = self.block_counts.shape
+            k_tiles = -(-blocks * BLOCK // block_k)
+            per = -(-k_tiles // split_k) * block_k // BLOCK  # a split's 64-column blocks, as the kernel splits K
+            counts = torch.nn.functional.pad(self.block_counts, (0, per * split_k - blocks))
+            self._split_entries[block_k, split_k] = int(counts.view(tiles, split_k, per).sum(-1).max()) if tiles else 0
+        return self._split_entries[block_k, split_k]
 
     def weight(self) -> torch.Tensor:
         """The bf16 weight in its own row order: the planes' values with the corrections applied,
@@ -185,32 +226,35 @@ class Exp12Weight:
 def pack(w: torch.Tensor, glu: bool = False) -> Exp12Weight:
     """The 12-bit form of a bf16 [rows, K] weight (the fused [gate; up] projection with `glu`), or
     a ValueError that names what it cannot take: a shape the tiles do not divide, or more
-    below-window weights in one tile than the kernel corrects (the weight then stays bf16)."""
+    below-window weights in one tile than even its finest K split corrects (the weight then stays
+    bf16). Whether a config's K split corrects its share: `Exp12Weight.split_entries`."""
     rows, k = w.shape
     if (why := check_shape(rows, k, glu)) is not None:
         raise ValueError(f"the 12-bit form cannot take a {rows}x{k} weight: {why}; keep it in bf16")
     stored = w[row_order(rows, glu).to(w.device)]
     b_plane, n_plane, base, below = planes(stored)
-    p, col = torch.nonzero(below, as_tuple=True)
-    tiles = rows // TILE_ROWS
-    tile = p // TILE_ROWS
-    counts = torch.bincount(tile, minlength=tiles)
-    most = int(counts.max()) if tiles else 0
-    if most > MAX_ENTRIES:
+    tiles, blocks = rows // TILE_ROWS, k // BLOCK
+    counts = below.view(tiles, TILE_ROWS, blocks, BLOCK).sum((1, 3), dtype=torch.int32)  # [tiles, blocks]
+    per_tile = counts.sum(1)
+    most = int(per_tile.max()) if tiles else 0
+    if most > MAX_ENTRIES * MAX_SPLIT_K:
         raise ValueError(f"the 12-bit form: {most} weights of one {TILE_ROWS}-row tile lie outside the exponent window "
-                         f"[{base}, {base + 15}] (at most {MAX_ENTRIES}); the weight's exponents spread too widely, "
-                         "keep it in bf16")
+                         f"[{base}, {base + 15}] (at most {MAX_ENTRIES} a K split, {MAX_SPLIT_K} splits); the weight's "
+                         "exponents spread too widely, keep it in bf16")
+    # each tile's entries sorted by column (then row): a K split's entries are one run of its tile's list
+    t_idx, col, p_in = torch.nonzero(below.view(tiles, TILE_ROWS, k).transpose(1, 2), as_tuple=True)
     entries = max(16, 1 << max(most - 1, 0).bit_length())
-    # the entry's place in its tile's list: its rank among the tile's entries (nonzero's order is row-major)
-    first = torch.cumsum(counts, 0) - counts
-    slot = torch.arange(p.numel(), device=w.device) - first[tile]
+    first = torch.cumsum(per_tile, 0) - per_tile
+    slot = torch.arange(col.numel(), device=w.device) - first[t_idx]
     corr_rows = torch.full((tiles, entries), -1, dtype=torch.int32, device=w.device)
     corr_cols = torch.zeros((tiles, entries), dtype=torch.int32, device=w.device)
     corr_vals = torch.zeros((tiles, entries), dtype=torch.bfloat16, device=w.device)
-    corr_rows[tile, slot] = (p % TILE_ROWS).to(torch.int32)
-    corr_cols[tile, slot] = col.to(torch.int32)
-    corr_vals[tile, slot] = stored[p, col]
-    return Exp12Weight(b_plane, n_plane, base, glu, corr_rows, corr_cols, corr_vals)
+    corr_rows[t_idx, slot] = p_in.to(torch.int32)
+    corr_cols[t_idx, slot] = col.to(torch.int32)
+    corr_vals[t_idx, slot] = stored[t_idx * TILE_ROWS + p_in, col]
+    corr_start = torch.nn.functional.pad(torch.cumsum(counts, 1, dtype=torch.int32), (1, 0))
+    return Exp12Weight(b_plane, n_plane, base, glu, corr_rows, corr_cols, corr_vals, corr_start.contiguous(),
+                       counts.cpu())
 
 
 # What a tune-gemm table's exp12 entry may hold (gluon_exp12.py's tile: 128 stored rows, 8 warps).

@@ -148,19 +148,24 @@ def _producer(x_desc, b_desc, n_desc, x_ring, b_ring, n_ring, ready, empty, row,
 
 
 @gluon.jit
-def _corrections(x_ptr, stride_xm, M, rows_ptr, cols_ptr, vals_ptr, neg_floor, a_smem, g_smem, corr_ready, tile,
-                 k_lo, k_hi, E: gl.constexpr, USE_PDL: gl.constexpr):
+def _corrections(x_ptr, stride_xm, M, rows_ptr, cols_ptr, vals_ptr, start_ptr, L, K, neg_floor, a_smem, g_smem,
+                 corr_ready, tile, k_lo, k_hi, E: gl.constexpr, USE_PDL: gl.constexpr):
     """One warp: A_c [BW, 2E] (before the PDL wait: the list is the weight's) and G [64, 2E] (x's
-    listed columns, after it) into shared memory, then `corr_ready`. Unused entries have row -1,
-    and entries outside this split's columns [k_lo, k_hi) value 0, so their columns of A_c are zero."""
+    listed columns, after it) into shared memory, then `corr_ready`. A tile's list is sorted by
+    column and `start` says where each 64-column block's entries begin, so this split takes the
+    entries of its own columns [k_lo, k_hi) (at most E: the host checked); the rest of its 2E
+    columns have row -1, which no row of A_c matches."""
     C: gl.constexpr = 2 * E
     layout: gl.constexpr = gl.BlockedLayout([1, C // 32], [1, 32], [1, 1], [1, 0])
     cols = gl.arange(0, C, layout=gl.SliceLayout(0, layout))
-    e = tile * E + cols % E
-    r_e = gl.load(rows_ptr + e)
-    k_e = gl.load(cols_ptr + e)
-    v = gl.where(cols < E, gl.load(vals_ptr + e).to(gl.float32), neg_floor)
-    v = gl.where((k_e >= k_lo) & (k_e < k_hi), v, 0.0)
+    starts = start_ptr + tile * (K // 64 + 1)
+    lo = gl.load(starts + k_lo // 64)
+    idx = lo + cols % E
+    ok = idx < gl.load(starts + gl.minimum(k_hi, K) // 64)
+    e = tile * L + idx
+    r_e = gl.load(rows_ptr + e, mask=ok, other=-1)
+    k_e = gl.load(cols_ptr + e, mask=ok, other=0)
+    v = gl.where(cols < E, gl.load(vals_ptr + e, mask=ok, other=0.0).to(gl.float32), neg_floor)
     for r0 in gl.static_range(0, BW, 16):
         r = r0 + gl.arange(0, 16, layout=gl.SliceLayout(1, layout))
         a = gl.where(r[:, None] == r_e[None, :], v[None, :], 0.0)
@@ -210,7 +215,8 @@ def _consumer(x_ring, b_ring, n_ring, a_smem, g_smem, ready, empty, corr_ready, 
 
 
 @gluon.jit
-def _exp12_linear_kernel(x_desc, b_desc, n_desc, x_ptr, stride_xm, rows_ptr, cols_ptr, vals_ptr, neg_floor, add,
+def _exp12_linear_kernel(x_desc, b_desc, n_desc, x_ptr, stride_xm, rows_ptr, cols_ptr, vals_ptr, start_ptr, L,
+                         neg_floor, add,
                          bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_om, ss_in_ptr, ss_parts, eps, res_ptr,
                          stride_res, ss_out_ptr, E: gl.constexpr, HAS_BIAS: gl.constexpr, GLU: gl.constexpr,
                          SPLIT_K: gl.constexpr, STAGES: gl.constexpr, EARLY: gl.constexpr, ROW_NORM: gl.constexpr,
@@ -246,8 +252,8 @@ def _exp12_linear_kernel(x_desc, b_desc, n_desc, x_ptr, stride_xm, rows_ptr, col
                       ss_parts, eps, M, K, BLOCK_K, STAGES, ROW_NORM, PARTS_P2, USE_PDL, LATE, num_warps)),
          (_producer, (x_desc, b_desc, n_desc, x_ring, b_ring, n_ring, ready, empty, row, k_lo, k_tiles, STAGES,
                       EARLY, USE_PDL)),
-         (_corrections, (x_ptr, stride_xm, M, rows_ptr, cols_ptr, vals_ptr, neg_floor, a_smem, g_smem, corr_ready,
-                         pid, k_lo, k_lo + k_tiles * BLOCK_K, E, USE_PDL))],
+         (_corrections, (x_ptr, stride_xm, M, rows_ptr, cols_ptr, vals_ptr, start_ptr, L, K, neg_floor, a_smem,
+                         g_smem, corr_ready, pid, k_lo, k_lo + k_tiles * BLOCK_K, E, USE_PDL))],
         [1, 1], [40, 128])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
@@ -322,10 +328,11 @@ def exp12_linear_gluon(x: torch.Tensor, w: Exp12Weight, bias: torch.Tensor | Non
         part, counters = out, out  # unused
     pdl = use_pdl(x2)
     _exp12_linear_kernel[(tiles, split_k)](
-        x_desc, b_desc, n_desc, x2, x2.stride(0), w.corr_rows, w.corr_cols, w.corr_vals, -w.floor,
+        x_desc, b_desc, n_desc, x2, x2.stride(0), w.corr_rows, w.corr_cols, w.corr_vals, w.corr_start, w.entries,
+        -w.floor,
         (w.base // 2) * 0x01010101, bias if bias is not None else out, out, part, counters, M, N, K, out.stride(0),
         ss_in, parts, eps, res, stride_res, ss_out,
-        E=w.entries, HAS_BIAS=bias is not None, GLU=w.glu, SPLIT_K=split_k, STAGES=stages,
+        E=w.split_entries(block_k, split_k), HAS_BIAS=bias is not None, GLU=w.glu, SPLIT_K=split_k, STAGES=stages,
         EARLY=min(cfg.get("EARLY", stages), stages), ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2,
         RESIDUAL=residual is not None, USE_PDL=pdl, LATE=bool(cfg.get("LATE", 0)), num_warps=WARPS, launch_pdl=pdl)
     if residual is not None:
@@ -346,10 +353,10 @@ def compile_for_sm90(glu: bool = True, row_norm: bool = True, block_k: int = 128
     sig = {"x_desc": f"tensordesc<bf16[64, {block_k}],{x_l!r}>",
            "b_desc": f"tensordesc<i32[{TILE_ROWS}, {block_k // 4}],{b_l!r}>",
            "n_desc": f"tensordesc<i32[{TILE_ROWS}, {block_k // 8}],{n_l!r}>",
-           "x_ptr": "*bf16", "rows_ptr": "*i32", "cols_ptr": "*i32", "vals_ptr": "*bf16", "neg_floor": "fp32",
+           "x_ptr": "*bf16", "rows_ptr": "*i32", "cols_ptr": "*i32", "vals_ptr": "*bf16", "start_ptr": "*i32", "neg_floor": "fp32",
            "bias_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32", "ss_in_ptr": "*fp32",
            "eps": "fp32", "res_ptr": "*bf16", "ss_out_ptr": "*fp32"}
-    sig |= {n: "i32" for n in ("stride_xm", "add", "M", "N", "K", "stride_om", "ss_parts", "stride_res")}
+    sig |= {n: "i32" for n in ("stride_xm", "L", "add", "M", "N", "K", "stride_om", "ss_parts", "stride_res")}
     constexprs = dict(E=entries, HAS_BIAS=bias, GLU=glu, SPLIT_K=split_k, STAGES=stages, EARLY=stages,
                       ROW_NORM=row_norm, PARTS_P2=32, RESIDUAL=residual, USE_PDL=True, LATE=False, num_warps=WARPS)
     sig |= {k: "constexpr" for k in constexprs}

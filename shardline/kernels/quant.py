@@ -364,6 +364,7 @@ def exp12_linear(x: torch.Tensor, packed, bias: torch.Tensor | None = None, conf
     _check_fold(packed.glu, None, residual, norm, None, rows // 2 if packed.glu else rows)
     if (why := split_fits(k, cfg["BLOCK_K"], cfg["SPLIT_K"])) is not None:
         raise ValueError(why)
+    packed.split_entries(cfg["BLOCK_K"], cfg["SPLIT_K"])  # each split's corrections fit its list, or a ValueError
     if ring_available(x):
         from .gluon_exp12 import exp12_linear_gluon
         return exp12_linear_gluon(x, packed, bias, cfg, norm, residual)

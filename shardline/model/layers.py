@@ -34,8 +34,9 @@ class Linear:
             return None
         n, k = self.weight.shape
         choice = self.gemms.choice(n, k, self.weight.dtype, x.dtype, x.shape[0])
-        if choice is not None and choice["impl"] == "exp12" and self.exp12 is None:
-            return None  # the form did not take this weight (prepare_exp12 said why): the default path
+        if choice is not None and choice["impl"] == "exp12" and (self.exp12 is None
+                                                                 or self.exp12.unfit(choice.get("config"))):
+            return None  # the form did not take this weight or config (prepare_exp12 said why): the default path
         return choice
 
     def prepare_exp12(self, glu: bool, allowed: bool = True) -> None:
@@ -51,18 +52,23 @@ class Linear:
         if not any(isinstance(e, dict) and e.get("impl") == "exp12" for e in by_m.values()):
             self.exp12 = None
             return
-        if self.exp12 is not None and self.exp12.glu == glu and allowed:
-            return  # packed for the table before (the weights do not change)
-        self.exp12 = None
         if not allowed or self.scale is not None or self.weight.dtype != torch.bfloat16:
+            self.exp12 = None
             log.warning("GEMM table: exp12 entry for the %dx%d product, which the 12-bit kernel does not run "
                         "(the engine runs it for a layer's bf16 products, not the head's); its default path runs",
                         n, k)
             return
-        try:
-            self.exp12 = exp12.pack(self.weight, glu=glu)
-        except ValueError as e:
-            log.warning("GEMM table: exp12 entry for the %dx%d product: %s; its default path runs", n, k, e)
+        if self.exp12 is None or self.exp12.glu != glu:  # else packed for a table before (the weights do not change)
+            try:
+                self.exp12 = exp12.pack(self.weight, glu=glu)
+            except ValueError as e:
+                self.exp12 = None
+                log.warning("GEMM table: exp12 entry for the %dx%d product: %s; its default path runs", n, k, e)
+                return
+        for m, e in by_m.items():
+            if isinstance(e, dict) and e.get("impl") == "exp12" and (why := self.exp12.unfit(e.get("config"))):
+                log.warning("GEMM table: exp12 entry for the %dx%d product at %s rows: %s; its default path runs",
+                            n, k, m, why)
 
     def _runs_gemv(self, x: torch.Tensor, choice: dict | None) -> bool:
         if choice is not None:

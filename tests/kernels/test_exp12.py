@@ -66,12 +66,34 @@ def test_pack_names_what_it_cannot_take():
     with pytest.raises(ValueError, match="gate rows are not a multiple of 64"):
         pack(torch.zeros(192, 64, dtype=torch.bfloat16), glu=True)
     w = _weight(128, 256)
-    w[5, :MAX_ENTRIES + 1] = 0.0  # more zeros in one tile than the kernel corrects
+    w[:3, :] = 0.0  # more zeros in one tile than its finest K split corrects
     with pytest.raises(ValueError, match="[0-9]+ weights of one 128-row tile lie outside .*keep it in bf16"):
         pack(w)
     w[5, 0] = float("inf")
     with pytest.raises(ValueError, match="inf or NaN"):
         pack(w)
+
+
+def test_a_k_split_corrects_its_own_columns_share_of_the_list():
+    """A tile's list is sorted by column; a config fits where each K split's columns hold at most
+    MAX_ENTRIES of it, and one that does not is a ValueError that names the splits that fit."""
+    w = _weight(128, 512)
+    w[5, 0:3 * (MAX_ENTRIES + 1):3] = 0.0  # 65 zeros in columns 0..192 of one tile: 43 in 0..127, 22 in 128..255
+    p = pack(w)
+    assert torch.equal(p.weight(), w)
+    listed = p.corr_cols[0][p.corr_rows[0] >= 0]
+    assert torch.equal(listed, listed.sort().values)  # by column
+    lo, hi = p.corr_start[0, 0].item(), p.corr_start[0, 2].item()  # the entries of columns 0..127
+    assert hi - lo == int(((p.corr_cols[0] < 128) & (p.corr_rows[0] >= 0)).sum()) >= 43
+    for split in (1, 2):  # splits of 512 and 256 columns hold all 65
+        with pytest.raises(ValueError, match=f"SPLIT_K={split} .* split K more ways \\(SPLIT_K 4 fit\\)"):
+            p.split_entries(128, split)
+    assert p.split_entries(128, 4) == 64
+    x = torch.randn(3, 512, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="split K more ways"):
+        quant.exp12_linear(x, p, config={"BLOCK_K": 128, "STAGES": 4, "SPLIT_K": 2})
+    torch.testing.assert_close(quant.exp12_linear(x, p, config={"BLOCK_K": 128, "STAGES": 4, "SPLIT_K": 4}),
+                               x @ w.T)
 
 
 def test_config_names_the_key_or_value():
@@ -190,6 +212,30 @@ def test_an_exp12_entry_for_the_head_is_warned_and_runs_the_default(caplog):
     assert model.lm_head.exp12 is None and model.lm_head._choice(x) is None
 
 
+def test_an_entry_whose_k_split_cannot_hold_its_corrections_is_warned_and_runs_the_default(caplog):
+    """Down (K 4 times gate/up's) lists about 4 times the corrections a tile: an entry whose split
+    cannot hold its share is warned at load, and those batch sizes run the default path; one whose
+    split can runs the 12-bit kernel."""
+    from shardline.model.layers import Linear
+    w = _weight(128, 512)
+    w[5, :56], w[6, 64:104] = 0.0, 0.0  # 96 in columns 0..127: no split of BLOCK_K 128 holds them, of 64 columns does
+    lin = Linear(w)
+    k = key(128, 512, torch.bfloat16, torch.bfloat16)
+    entries = {8: {"impl": "exp12", "config": {"BLOCK_K": 128, "STAGES": 4, "SPLIT_K": 4}},
+               64: {"impl": "exp12", "config": {"BLOCK_K": 64, "STAGES": 8, "SPLIT_K": 8}}}
+    lin.gemms = GemmTable("cpu", {k: entries})
+    with caplog.at_level(logging.WARNING):
+        lin.prepare_exp12(glu=False)
+    assert lin.exp12 is not None
+    assert "at 8 rows: the 12-bit form: 9" in caplog.text and "SPLIT_K=4" in caplog.text
+    assert "no finer split of BLOCK_K=128 holds them" in caplog.text
+    assert "at 64 rows" not in caplog.text
+    assert lin._choice(torch.empty(8, 512, dtype=torch.bfloat16)) is None
+    assert lin._choice(torch.empty(64, 512, dtype=torch.bfloat16))["impl"] == "exp12"
+    x = torch.randn(64, 512, dtype=torch.bfloat16)
+    torch.testing.assert_close(lin(x), x @ w.T)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 7, 64])
 def test_the_kernel_multiplies_by_the_weight_packed(device, m):
@@ -221,3 +267,27 @@ def test_the_kernel_multiplies_by_the_weight_packed(device, m):
         tol = 2e-2 * want.abs() + 2e-2
         assert ((got - want).abs() <= tol).all(), (glu, kw.keys(), cfg, (got - want).abs().max())
         assert ((uncorrected - want).abs() > 5 * tol).any(), "the test's correction would not show"
+
+
+@pytest.mark.gpu
+def test_each_k_split_corrects_its_own_run_of_a_long_list(device):
+    """A tile listing 160 corrections (more than one list of 64, as Llama-3-8B's down does): each
+    of 4 K splits takes its own columns' run of them."""
+    if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the kernel is Gluon for Hopper; the lists' CPU tests are above")
+    w = _weight(256, 1024, device)
+    cols = torch.arange(0, 1024, 6, device=device)[:160]  # about 40 in each quarter of K
+    w[torch.arange(160, device=device) % 128, cols] = 0.0
+    x = torch.randn(64, 1024, device=device)
+    x[:, cols[::40]] = 1e4  # one large column in each split's run: the corrections show
+    x = x.to(torch.bfloat16)
+    packed = pack(w)
+    assert packed.unfit({"SPLIT_K": 1}) and packed.unfit({"SPLIT_K": 4}) is None
+    floor_w = unpack(packed.b_plane, packed.n_plane, packed.base)
+    residual = torch.randn(64, 256, device=device).to(torch.bfloat16)
+    got, _ = quant.exp12_linear(x, packed, config={"SPLIT_K": 4}, residual=residual)
+    want = (x.float() @ w.float().T + residual.float())
+    uncorrected = (x.float() @ floor_w.float().T + residual.float())
+    tol = 2e-2 * want.abs() + 2e-2
+    assert ((got.float() - want).abs() <= tol).all(), (got.float() - want).abs().max()
+    assert ((uncorrected - want).abs() > 5 * tol).any(), "the test's correction would not show"
