@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The exp12 GPU tests and a batch-64 A/B on one GPU: the H200 table (relabelled to this GPU if another),
-# + gate/up in exp12, and on top of that o (SPLIT_K 4 or 2), qkv (SPLIT_K 2), both. Down (4096x14336) is
-# left out: a 128-row tile of random N(0, 0.02) weights has ~160 weights outside the exponent window,
-# more than one tile's list takes (64). Device call: carry [".whl"] (scripts/device_wheels.sh).
+# + gate/up in exp12, and on top of that o (SPLIT_K 4 or 2), qkv (SPLIT_K 2), down (SPLIT_K 4: a 128-row tile of
+# random N(0, 0.02) weights lists ~160 corrections, ~40 a split), o and down, all four.
+# Device call: carry [".whl"] (scripts/device_wheels.sh).
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
 python3 -m pip install -q --no-build-isolation --no-deps -e . > ${OUT:-/tmp}/pip.log 2>&1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $gpu"; git log --oneline | head -1
@@ -16,9 +16,12 @@ tv --gemm-config /tmp/up.json --set "o_proj@64=$E, \"SPLIT_K\": 4}}" --out /tmp/
 tv --gemm-config /tmp/up.json --set "o_proj@64=$E, \"SPLIT_K\": 2}}" --out /tmp/uo2.json
 tv --gemm-config /tmp/up.json --set "qkv_proj@64=$E, \"SPLIT_K\": 2}}" --out /tmp/uq2.json
 tv --gemm-config /tmp/uo4.json --set "qkv_proj@64=$E, \"SPLIT_K\": 2}}" --out /tmp/uo4q2.json
-V="$T,/tmp/up.json,/tmp/uo4.json,/tmp/uo2.json,/tmp/uq2.json,/tmp/uo4q2.json"
+tv --gemm-config /tmp/up.json --set "down_proj@64=$E, \"SPLIT_K\": 4}}" --out /tmp/ud4.json
+tv --gemm-config /tmp/uo4.json --set "down_proj@64=$E, \"SPLIT_K\": 4}}" --out /tmp/uod4.json
+tv --gemm-config /tmp/uod4.json --set "qkv_proj@64=$E, \"SPLIT_K\": 2}}" --out /tmp/all.json
+V="$T,/tmp/up.json,/tmp/uo4.json,/tmp/uo2.json,/tmp/uq2.json,/tmp/uo4q2.json,/tmp/ud4.json,/tmp/uod4.json,/tmp/all.json"
 cp ${V//,/ } ${OUT:-/tmp}/ 2>/dev/null
-timeout 420 python benchmarks/decode_bench.py --batches 64 --skip int8,fp8,gptj,prefill --gemm-configs $V \
+timeout 400 python benchmarks/decode_bench.py --batches 64 --skip int8,fp8,gptj,prefill --gemm-configs $V \
   --ab-rounds ${ROUNDS:-2} > ${OUT:-/tmp}/ab.txt 2> ${OUT:-/tmp}/ab.err
 grep decode_ms ${OUT:-/tmp}/ab.txt | grep -v '"gpu"' | python3 -c "
 import sys,json
