@@ -2,7 +2,7 @@
 # The exp12 GPU tests and a batch-64 A/B on one GPU: the H200 table (relabelled to this GPU if another),
 # + gate/up in exp12, and on top of that o (SPLIT_K 4 or 2), qkv (SPLIT_K 2), down (SPLIT_K 4: a 128-row tile of
 # random N(0, 0.02) weights lists ~160 corrections, ~40 a split), o and down, all four.
-# Device call: carry [".whl"] (scripts/device_wheels.sh).
+# TABLES="base up ud4" A/Bs a subset; ROUNDS rounds (2). Device call: carry [".whl"] (scripts/device_wheels.sh).
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
 python3 -m pip install -q --no-build-isolation --no-deps -e . > ${OUT:-/tmp}/pip.log 2>&1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $gpu"; git log --oneline | head -1
@@ -19,7 +19,8 @@ tv --gemm-config /tmp/uo4.json --set "qkv_proj@64=$E, \"SPLIT_K\": 2}}" --out /t
 tv --gemm-config /tmp/up.json --set "down_proj@64=$E, \"SPLIT_K\": 4}}" --out /tmp/ud4.json
 tv --gemm-config /tmp/uo4.json --set "down_proj@64=$E, \"SPLIT_K\": 4}}" --out /tmp/uod4.json
 tv --gemm-config /tmp/uod4.json --set "qkv_proj@64=$E, \"SPLIT_K\": 2}}" --out /tmp/all.json
-V="$T,/tmp/up.json,/tmp/uo4.json,/tmp/uo2.json,/tmp/uq2.json,/tmp/uo4q2.json,/tmp/ud4.json,/tmp/uod4.json,/tmp/all.json"
+cp $T /tmp/base.json 2>/dev/null
+V=$(for t in ${TABLES:-base up uo4 uo2 uq2 uo4q2 ud4 uod4 all}; do printf /tmp/%s.json, $t; done); V=${V%,}  # TABLES: a subset
 cp ${V//,/ } ${OUT:-/tmp}/ 2>/dev/null
 timeout 400 python benchmarks/decode_bench.py --batches 64 --skip int8,fp8,gptj,prefill --gemm-configs $V \
   --ab-rounds ${ROUNDS:-2} > ${OUT:-/tmp}/ab.txt 2> ${OUT:-/tmp}/ab.err

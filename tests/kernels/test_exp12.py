@@ -243,10 +243,10 @@ def test_the_kernel_multiplies_by_the_weight_packed(device, m):
         pytest.skip("the kernel is Gluon for Hopper (TMA, wgmma with a register operand); Triton's interpreter "
                     "does not run Gluon, and the form's CPU tests are above")
     w = _weight(384, 960, device)  # 3 tiles; K a multiple of 64, not of 128: a partial last tile
-    w[3, 100] = w[5, 900] = 0.0  # below the window, and x's columns 100 and 900 are large: the corrections show
-    x = torch.randn(m, 960, device=device)
-    x[:, 100] = x[:, 900] = 1e6  # (with K split, in the first split's columns and in the last's)
-    x = x.to(torch.bfloat16)
+    # weights over the window (stored as its floor, as below-window ones are, but whose correction
+    # shows: a zero's is x * 2^-19), in the first split's columns and in the last's where K splits
+    w[3, 100], w[5, 900] = 64.0, -64.0
+    x = torch.randn(m, 960, device=device).to(torch.bfloat16)
     plain = pack(w)
     floor_w = unpack(plain.b_plane, plain.n_plane, plain.base)  # what the loop multiplies, uncorrected
     norm = RowNorm(torch.rand(3, m, device=device) * 100 + 1, 1e-5)
@@ -276,11 +276,11 @@ def test_each_k_split_corrects_its_own_run_of_a_long_list(device):
     if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the kernel is Gluon for Hopper; the lists' CPU tests are above")
     w = _weight(256, 1024, device)
-    cols = torch.arange(0, 1024, 6, device=device)[:160]  # about 40 in each quarter of K
-    w[torch.arange(160, device=device) % 128, cols] = 0.0
-    x = torch.randn(64, 1024, device=device)
-    x[:, cols[::40]] = 1e4  # one large column in each split's run: the corrections show
-    x = x.to(torch.bfloat16)
+    rows, cols = torch.arange(160, device=device) % 128, torch.arange(0, 1024, 6, device=device)[:160]
+    w[rows, cols] = 0.0  # about 40 in each quarter of K
+    big = torch.tensor([0, 50, 90, 140], device=device)  # columns 0, 300, 540, 840: one in each split's run
+    w[rows[big], cols[big]] = 64.0  # over the window: a correction that shows (a zero's is x * 2^-19)
+    x = torch.randn(64, 1024, device=device).to(torch.bfloat16)
     packed = pack(w)
     assert packed.unfit({"SPLIT_K": 1}) and packed.unfit({"SPLIT_K": 4}) is None
     floor_w = unpack(packed.b_plane, packed.n_plane, packed.base)
@@ -290,4 +290,5 @@ def test_each_k_split_corrects_its_own_run_of_a_long_list(device):
     uncorrected = (x.float() @ floor_w.float().T + residual.float())
     tol = 2e-2 * want.abs() + 2e-2
     assert ((got.float() - want).abs() <= tol).all(), (got.float() - want).abs().max()
-    assert ((uncorrected - want).abs() > 5 * tol).any(), "the test's correction would not show"
+    for r in rows[big].tolist():  # each split's correction shows in its row
+        assert ((uncorrected - want)[:, r].abs() > 5 * tol[:, r]).any(), f"row {r}: the correction would not show"
