@@ -227,7 +227,7 @@ def pack(w: torch.Tensor, glu: bool = False) -> Exp12Weight:
     """The 12-bit form of a bf16 [rows, K] weight (the fused [gate; up] projection with `glu`), or
     a ValueError that names what it cannot take: a shape the tiles do not divide, or more
     below-window weights in one tile than even its finest K split corrects (the weight then stays
-    bf16). Whether a config's K split corrects its share: `Exp12Weight.split_entries`."""
+    bf16). Whether a config's K split corrects its share: `Exp12Weight.unfit`."""
     rows, k = w.shape
     if (why := check_shape(rows, k, glu)) is not None:
         raise ValueError(f"the 12-bit form cannot take a {rows}x{k} weight: {why}; keep it in bf16")
