@@ -206,8 +206,7 @@ class Exp12Weight:
     def _most_a_split(self, block_k: int, split_k: int) -> int:
         if (block_k, split_k) not in self._split_entries:
             tiles, blocks = self.block_counts.shape
-            k_tiles = -(-blocks * BLOCK // block_k)
-            per = -(-k_tiles // split_k) * block_k // BLOCK  # a split's 64-column blocks, as the kernel splits K
+            per = split_tiles(blocks * BLOCK, block_k, split_k)[1] * block_k // BLOCK  # a split's 64-column blocks
             counts = torch.nn.functional.pad(self.block_counts, (0, per * split_k - blocks))
             self._split_entries[block_k, split_k] = int(counts.view(tiles, split_k, per).sum(-1).max()) if tiles else 0
         return self._split_entries[block_k, split_k]
@@ -276,10 +275,16 @@ def exp12_tiles(rows: int, sms: int) -> list[dict]:
     return [dict(c, SPLIT_K=s) for s in splits for c in EXP12_TILES]
 
 
+def split_tiles(k: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """(K's tiles of `block_k` columns, the tiles a split takes): K split as the kernel splits it,
+    split s taking tiles [s * per, (s + 1) * per), the last one what is left."""
+    k_tiles = -(-k // block_k)
+    return k_tiles, -(-k_tiles // split_k)
+
+
 def split_fits(k: int, block_k: int, split_k: int) -> str | None:
     """Why K split `split_k` ways in whole `block_k` tiles leaves a split without one, or None."""
-    k_tiles = -(-k // block_k)
-    per = -(-k_tiles // split_k)
+    k_tiles, per = split_tiles(k, block_k, split_k)
     if (split_k - 1) * per >= k_tiles:
         return (f"exp12 SPLIT_K={split_k}: K={k} is {k_tiles} tiles of {block_k} columns, too few for every split "
                 "to take one; choose a SPLIT_K that divides them")

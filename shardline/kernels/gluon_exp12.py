@@ -37,12 +37,13 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .exp12 import MASK, TILE_ROWS, Exp12Weight
+from .exp12 import BLOCK, MASK, TILE_ROWS, Exp12Weight
 from .gluon_ring import (_gdc_launch_dependents, _gdc_wait, _out_layout, finish, fold_factors, fold_loads,
                          split_k_arrive, split_k_sum)
 
 ROWS = gl.constexpr(64)  # x's rows: the wgmma's N, whatever M <= 64 is
 BW = gl.constexpr(TILE_ROWS)  # stored weight rows a program: 8 warps of 16
+LIST_BLOCK = gl.constexpr(BLOCK)  # the columns of a block whose list entries `start` locates
 WARPS = 8
 
 _DECODE = gl.constexpr("""{
@@ -158,10 +159,9 @@ def _corrections(x_ptr, stride_xm, M, rows_ptr, cols_ptr, vals_ptr, start_ptr, L
     C: gl.constexpr = 2 * E
     layout: gl.constexpr = gl.BlockedLayout([1, C // 32], [1, 32], [1, 1], [1, 0])
     cols = gl.arange(0, C, layout=gl.SliceLayout(0, layout))
-    starts = start_ptr + tile * (K // 64 + 1)
-    lo = gl.load(starts + k_lo // 64)
-    idx = lo + cols % E
-    ok = idx < gl.load(starts + gl.minimum(k_hi, K) // 64)
+    starts = start_ptr + tile * (K // LIST_BLOCK + 1)
+    idx = gl.load(starts + k_lo // LIST_BLOCK) + cols % E
+    ok = idx < gl.load(starts + gl.minimum(k_hi, K) // LIST_BLOCK)
     e = tile * L + idx
     r_e = gl.load(rows_ptr + e, mask=ok, other=-1)
     k_e = gl.load(cols_ptr + e, mask=ok, other=0)
@@ -216,12 +216,11 @@ def _consumer(x_ring, b_ring, n_ring, a_smem, g_smem, ready, empty, corr_ready, 
 
 @gluon.jit
 def _exp12_linear_kernel(x_desc, b_desc, n_desc, x_ptr, stride_xm, rows_ptr, cols_ptr, vals_ptr, start_ptr, L,
-                         neg_floor, add,
-                         bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_om, ss_in_ptr, ss_parts, eps, res_ptr,
-                         stride_res, ss_out_ptr, E: gl.constexpr, HAS_BIAS: gl.constexpr, GLU: gl.constexpr,
-                         SPLIT_K: gl.constexpr, STAGES: gl.constexpr, EARLY: gl.constexpr, ROW_NORM: gl.constexpr,
-                         PARTS_P2: gl.constexpr, RESIDUAL: gl.constexpr, USE_PDL: gl.constexpr, LATE: gl.constexpr,
-                         num_warps: gl.constexpr):
+                         neg_floor, add, bias_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_om, ss_in_ptr,
+                         ss_parts, eps, res_ptr, stride_res, ss_out_ptr, E: gl.constexpr, HAS_BIAS: gl.constexpr,
+                         GLU: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr, EARLY: gl.constexpr,
+                         ROW_NORM: gl.constexpr, PARTS_P2: gl.constexpr, RESIDUAL: gl.constexpr, USE_PDL: gl.constexpr,
+                         LATE: gl.constexpr, num_warps: gl.constexpr):
     """out [M, N] for stored tile pid (BW rows: with GLU 64 gate and 64 up rows, N the gate rows),
     over K split SPLIT_K ways in whole BLOCK_K tiles (the host gives every split at least one);
     RESIDUAL: out = residual + the product, and each row's partial sum of squares at ss_out."""
@@ -329,9 +328,8 @@ def exp12_linear_gluon(x: torch.Tensor, w: Exp12Weight, bias: torch.Tensor | Non
     pdl = use_pdl(x2)
     _exp12_linear_kernel[(tiles, split_k)](
         x_desc, b_desc, n_desc, x2, x2.stride(0), w.corr_rows, w.corr_cols, w.corr_vals, w.corr_start, w.entries,
-        -w.floor,
-        (w.base // 2) * 0x01010101, bias if bias is not None else out, out, part, counters, M, N, K, out.stride(0),
-        ss_in, parts, eps, res, stride_res, ss_out,
+        -w.floor, (w.base // 2) * 0x01010101, bias if bias is not None else out, out, part, counters, M, N, K,
+        out.stride(0), ss_in, parts, eps, res, stride_res, ss_out,
         E=w.split_entries(block_k, split_k), HAS_BIAS=bias is not None, GLU=w.glu, SPLIT_K=split_k, STAGES=stages,
         EARLY=min(cfg.get("EARLY", stages), stages), ROW_NORM=norm is not None, PARTS_P2=fold.parts_p2,
         RESIDUAL=residual is not None, USE_PDL=pdl, LATE=bool(cfg.get("LATE", 0)), num_warps=WARPS, launch_pdl=pdl)
@@ -353,7 +351,8 @@ def compile_for_sm90(glu: bool = True, row_norm: bool = True, block_k: int = 128
     sig = {"x_desc": f"tensordesc<bf16[64, {block_k}],{x_l!r}>",
            "b_desc": f"tensordesc<i32[{TILE_ROWS}, {block_k // 4}],{b_l!r}>",
            "n_desc": f"tensordesc<i32[{TILE_ROWS}, {block_k // 8}],{n_l!r}>",
-           "x_ptr": "*bf16", "rows_ptr": "*i32", "cols_ptr": "*i32", "vals_ptr": "*bf16", "start_ptr": "*i32", "neg_floor": "fp32",
+           "x_ptr": "*bf16", "rows_ptr": "*i32", "cols_ptr": "*i32", "vals_ptr": "*bf16", "start_ptr": "*i32",
+           "neg_floor": "fp32",
            "bias_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32", "ss_in_ptr": "*fp32",
            "eps": "fp32", "res_ptr": "*bf16", "ss_out_ptr": "*fp32"}
     sig |= {n: "i32" for n in ("stride_xm", "L", "add", "M", "N", "K", "stride_om", "ss_parts", "stride_res")}

@@ -353,7 +353,7 @@ def exp12_linear(x: torch.Tensor, packed, bias: torch.Tensor | None = None, conf
     y = silu(gate) * up; `norm` and `residual` the RMSNorm fold, as small_m_linear's (with
     `residual`: (the stream, its partial sums of squares)). By gluon_exp12.py on Hopper with
     Gluon, else the reference on the weight the form holds."""
-    from .exp12 import exp12_config, split_fits
+    from .exp12 import exp12_config
     cfg = exp12_config(config)
     rows, k = packed.shape
     if x.shape[-1] != k or x.dtype != torch.bfloat16 or _rows(x) > RING_MAX_M:
@@ -362,9 +362,8 @@ def exp12_linear(x: torch.Tensor, packed, bias: torch.Tensor | None = None, conf
     if norm is not None and norm.sums is not None:
         raise ValueError("the 12-bit product folds an RMSNorm only, not a LayerNorm: keep the weight in bf16")
     _check_fold(packed.glu, None, residual, norm, None, rows // 2 if packed.glu else rows)
-    if (why := split_fits(k, cfg["BLOCK_K"], cfg["SPLIT_K"])) is not None:
+    if (why := packed.unfit(cfg)) is not None:  # a split without a K tile, or more corrections than its list
         raise ValueError(why)
-    packed.split_entries(cfg["BLOCK_K"], cfg["SPLIT_K"])  # each split's corrections fit its list, or a ValueError
     if ring_available(x):
         from .gluon_exp12 import exp12_linear_gluon
         return exp12_linear_gluon(x, packed, bias, cfg, norm, residual)
