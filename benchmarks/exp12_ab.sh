@@ -2,7 +2,8 @@
 # The exp12 GPU tests and a batch-64 A/B on one GPU: the H200 table (relabelled to this GPU if another),
 # + gate/up in exp12, and on top of that o (SPLIT_K 4 or 2), qkv (SPLIT_K 2), down (SPLIT_K 4: a 128-row tile of
 # random N(0, 0.02) weights lists ~160 corrections, ~40 a split), o and down, all four.
-# TABLES="base up ud4" A/Bs a subset; TESTS=0 skips the tests; ROUNDS rounds (2). Device call: carry [".whl"] (scripts/device_wheels.sh).
+# TABLES="base up ud4" A/Bs a subset; TESTS=0 skips the tests; ROUNDS rounds (2); POWER=1 then A/Bs the same tables'
+# clock, power and energy a step under load (benchmarks/step_power.py --gemm-configs). Device call: carry [".whl"] (scripts/device_wheels.sh).
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
 python3 -m pip install -q --no-build-isolation --no-deps -e . > ${OUT:-/tmp}/pip.log 2>&1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $gpu"; git log --oneline | head -1
@@ -29,3 +30,7 @@ import sys,json
 for l in sys.stdin:
     d=json.loads(l); print(d['decode_ms_per_step'], d['graph_replay_ms'], d['gemm_config'])"
 grep -v '^{' ${OUT:-/tmp}/ab.txt | tail -3; tail -3 ${OUT:-/tmp}/ab.err
+if [[ "${POWER:-0}" == 1 ]]; then
+  timeout 240 python -m benchmarks.step_power --batch 64 --gemm-configs $V --rounds 2 --seconds 3 \
+    > ${OUT:-/tmp}/power.txt 2> ${OUT:-/tmp}/power.err; tail -6 ${OUT:-/tmp}/power.txt; tail -3 ${OUT:-/tmp}/power.err
+fi

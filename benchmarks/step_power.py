@@ -15,6 +15,12 @@ throttle reasons (nvidia-smi):
 * after a decode_bench run of the batch (its ms/step printed too), at context 192 again, with the
   run's keys and values in the cache;
 * with --seconds S: sampled over S seconds of back-to-back steps, then after rests of 2, 5, 10 s.
+
+With --gemm-configs A,B (`tune-gemm` tables) it A/Bs the tables instead, alternated --rounds
+times in one process (graphs recaptured, the KV cache normal(0, 1), a random token a row): each
+one's steps sampled over --seconds (default 3) of load, then a line a table of its mean step,
+SM clock, power draw and energy a step (W x ms). A kernel that saves bytes but spends more
+arithmetic can lose at the power limit what it wins alone at the full clock.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import torch
 
 from benchmarks import decode_bench
 from shardline import step_tuning
+from shardline.gemm_tuning import GemmTable
 
 SMI_FIELDS = "clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active"
 
@@ -40,17 +47,74 @@ def smi() -> str:
     return out.stdout.strip() or f"(nvidia-smi: {out.stderr.strip()})"
 
 
+def smi_numbers() -> tuple[float, float]:
+    """The SM clock (MHz) and the power draw (W) now."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-i",
+                          str(torch.cuda.current_device())], capture_output=True, text=True, check=False)
+    try:
+        mhz, watts = (float(f) for f in out.stdout.split(","))
+    except ValueError:
+        return float("nan"), float("nan")
+    return mhz, watts
+
+
+def table_ab(pipeline, tables: dict, batch: int, seconds: float, rounds: int) -> None:
+    """Each table's captured step under load, the tables alternated `rounds` times: its replay
+    time, SM clock and power sampled every ~0.2 s over `seconds`, then a line a table."""
+    engine = pipeline.engines[0]
+    vocab = pipeline.manifest.model.vocab_size
+    print(f"{torch.cuda.get_device_name()}  {datetime.date.today().isoformat()}\n$ {' '.join(sys.argv)}")
+    print(f"batch {batch}, context 192, KV cache normal(0, 1), a random token a row; {seconds:g} s of steps a table a round")
+    samples: dict[str, list[tuple[float, float, float]]] = {path: [] for path in tables}
+    for r in range(rounds):
+        for path, table in tables.items():
+            engine.model.configure_gemms(table)
+            engine.graphs.reset()
+            graph = decode_bench.loaded_graph(pipeline, batch, capture=True)
+            for k, v in engine.kv_layers:
+                k.normal_(0, 1)
+                v.normal_(0, 1)
+            engine.graphs.mailbox[:batch].copy_(torch.randint(0, vocab, (batch,)))
+            for _ in range(100):  # ~0.5 s: the clock settles where the draw fits the limit
+                graph.replay()
+            t0, got = time.time(), []
+            while time.time() - t0 < seconds:
+                ms = step_tuning.replay_ms(graph, 40)
+                got.append((ms, *smi_numbers()))
+            samples[path] += got
+            ms, mhz, w = (sum(g[i] for g in got) / len(got) for i in range(3))
+            print(f"round {r + 1}  {path:<48} {ms:7.3f} ms  {mhz:6.0f} MHz  {w:6.1f} W  {w * ms:6.1f} mJ a step",
+                  flush=True)
+    print(f"\n| table | step ms | SM MHz | W | mJ a step |\n|---|---:|---:|---:|---:|")
+    for path, got in samples.items():
+        ms, mhz, w = (sum(g[i] for g in got) / len(got) for i in range(3))
+        print(f"| {path} | {ms:.3f} | {mhz:.0f} | {w:.1f} | {w * ms:.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--gemm-config", help="the engine's tune-gemm table")
     ap.add_argument("--seconds", type=float, default=0.0, help="also sample the step over this many seconds of load")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode run and the replay after it")
+    ap.add_argument("--gemm-configs", type=decode_bench.table_paths,
+                    help="A/B these tables (comma separated) under load instead: clock, power, energy a step")
+    ap.add_argument("--rounds", type=int, default=2, help="with --gemm-configs: rounds of the tables alternated")
     args = ap.parse_args()
-    if args.batch < 1 or args.seconds < 0:
-        ap.error(f"--batch {args.batch}, --seconds {args.seconds}: a batch >= 1 and seconds >= 0")
+    if args.batch < 1 or args.seconds < 0 or args.rounds < 1:
+        ap.error(f"--batch {args.batch}, --seconds {args.seconds}, --rounds {args.rounds}: a batch >= 1, "
+                 "seconds >= 0, rounds >= 1")
     if not torch.cuda.is_available():
         ap.error("step_power times a captured decode step on a CUDA GPU; none is visible")
+    if args.gemm_configs:
+        tables = {path: GemmTable.load(path, torch.device("cuda")) for path in args.gemm_configs}
+        if None in tables.values():
+            ap.error(f"--gemm-configs: {[p for p, t in tables.items() if t is None]} tuned on another GPU than "
+                     f"{torch.cuda.get_device_name()} (table_variant --gpu relabels a copy)")
+        decode_bench.GEMM_CONFIG = args.gemm_configs[0]
+        table_ab(decode_bench.build("llama3-8b", max_num_seqs=args.batch), tables, args.batch,
+                 args.seconds or 3.0, args.rounds)
+        return
     decode_bench.GEMM_CONFIG = args.gemm_config
     pipeline = decode_bench.build("llama3-8b", max_num_seqs=args.batch)
     engine = pipeline.engines[0]

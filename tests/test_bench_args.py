@@ -174,6 +174,18 @@ def test_step_power_names_a_bad_batch_before_the_gpu():
     assert out.returncode == 2 and "--batch 0" in out.stderr, out.stderr[-500:]
 
 
+def test_step_power_names_missing_tables_and_bad_rounds_before_the_gpu(tmp_path):
+    import subprocess
+    import sys
+    table = tmp_path / "t.json"
+    table.write_text("{}")
+    for argv, want in ((["--gemm-configs", f"{table},{tmp_path}/gone.json"], "gone.json"),
+                       (["--gemm-configs", str(table), "--rounds", "0"], "--rounds 0")):
+        out = subprocess.run([sys.executable, "-m", "benchmarks.step_power", *argv], capture_output=True,
+                             text=True, timeout=120, check=False)
+        assert out.returncode == 2 and want in out.stderr, out.stderr[-500:]
+
+
 def test_replay_spacing_names_a_bad_batch_before_the_gpu():
     import subprocess
     import sys
