@@ -3,7 +3,7 @@
 # + gate/up in exp12, and on top of that o (SPLIT_K 4 or 2), qkv (SPLIT_K 2), down (SPLIT_K 4: a 128-row tile of
 # random N(0, 0.02) weights lists ~160 corrections, ~40 a split), o and down, all four.
 # TABLES="base up ud4" A/Bs a subset; TESTS=0 skips the tests; ROUNDS rounds (2); POWER=1 then A/Bs the same tables'
-# clock, power and energy a step under load (benchmarks/step_power.py --gemm-configs). Device call: carry [".whl"] (scripts/device_wheels.sh).
+# clock, power and energy a step under load (benchmarks/step_power.py --gemm-configs); AB=0 skips the decode A/B. Device call: carry [".whl"] (scripts/device_wheels.sh).
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
 python3 -m pip install -q --no-build-isolation --no-deps -e . > ${OUT:-/tmp}/pip.log 2>&1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $gpu"; git log --oneline | head -1
@@ -23,13 +23,15 @@ tv --gemm-config /tmp/uod4.json --set "qkv_proj@64=$E, \"SPLIT_K\": 2}}" --out /
 cp $T /tmp/base.json 2>/dev/null
 V=$(for t in ${TABLES:-base up uo4 uo2 uq2 uo4q2 ud4 uod4 all}; do printf /tmp/%s.json, $t; done); V=${V%,}  # TABLES: a subset
 cp ${V//,/ } ${OUT:-/tmp}/ 2>/dev/null
-timeout 400 python benchmarks/decode_bench.py --batches 64 --skip int8,fp8,gptj,prefill --gemm-configs $V \
-  --ab-rounds ${ROUNDS:-2} > ${OUT:-/tmp}/ab.txt 2> ${OUT:-/tmp}/ab.err
-grep decode_ms ${OUT:-/tmp}/ab.txt | grep -v '"gpu"' | python3 -c "
+if [[ "${AB:-1}" == 1 ]]; then
+  timeout 400 python benchmarks/decode_bench.py --batches 64 --skip int8,fp8,gptj,prefill --gemm-configs $V \
+    --ab-rounds ${ROUNDS:-2} > ${OUT:-/tmp}/ab.txt 2> ${OUT:-/tmp}/ab.err
+  grep decode_ms ${OUT:-/tmp}/ab.txt | grep -v '"gpu"' | python3 -c "
 import sys,json
 for l in sys.stdin:
     d=json.loads(l); print(d['decode_ms_per_step'], d['graph_replay_ms'], d['gemm_config'])"
-grep -v '^{' ${OUT:-/tmp}/ab.txt | tail -3; tail -3 ${OUT:-/tmp}/ab.err
+  grep -v '^{' ${OUT:-/tmp}/ab.txt | tail -3; tail -3 ${OUT:-/tmp}/ab.err
+fi
 if [[ "${POWER:-0}" == 1 ]]; then
   timeout 240 python -m benchmarks.step_power --batch 64 --gemm-configs $V --rounds 2 --seconds 3 \
     > ${OUT:-/tmp}/power.txt 2> ${OUT:-/tmp}/power.err; tail -6 ${OUT:-/tmp}/power.txt; tail -3 ${OUT:-/tmp}/power.err
