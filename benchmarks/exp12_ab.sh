@@ -3,36 +3,42 @@
 # + gate/up in exp12, and on top of that o (SPLIT_K 4 or 2), qkv (SPLIT_K 2), down (SPLIT_K 4: a 128-row tile of
 # random N(0, 0.02) weights lists ~160 corrections, ~40 a split), o and down, all four.
 # TABLES="base up ud4" A/Bs a subset; TESTS=0 skips the tests; ROUNDS rounds (2); POWER=1 then A/Bs the same tables'
-# clock, power and energy a step under load (benchmarks/step_power.py --gemm-configs); AB=0 skips the decode A/B. Device call: carry [".whl"] (scripts/device_wheels.sh).
+# clock, power and energy a step under load (benchmarks/step_power.py --gemm-configs); AB=0 skips the decode A/B.
+# BATCHES="16 32" puts the variants' entries at those batches and A/Bs there (64); BASE=table starts from another table
+# (e.g. benchmarks/results/gemm-h100-decode.json). Device call: carry [".whl"] (scripts/device_wheels.sh).
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
 python3 -m pip install -q --no-build-isolation --no-deps -e . > ${OUT:-/tmp}/pip.log 2>&1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $gpu"; git log --oneline | head -1
 [[ "${TESTS:-1}" == 1 ]] && timeout 150 python -m pytest -q tests/kernels/test_exp12.py "tests/stage_worker/test_gpu_engine.py::test_tuned_exp12_products_keep_bf16_greedy_choices" > ${OUT:-/tmp}/tests.txt 2>&1; tail -4 ${OUT:-/tmp}/tests.txt
-T=benchmarks/results/gemm-h200-decode.json
+T=${BASE:-benchmarks/results/gemm-h200-decode.json}
+BATCHES=${BATCHES:-64}
 E='{"impl": "exp12", "config": {"BLOCK_K": 128, "STAGES": 4'
 tv() { python -m benchmarks.table_variant "$@" 2>&1 | tail -1; }
-if [[ "$gpu" != *H200* ]]; then tv --gemm-config $T --gpu "$gpu" --out /tmp/base.json; T=/tmp/base.json; fi
-tv --gemm-config $T --set "up_proj@64=$E}}" --out /tmp/up.json
-tv --gemm-config /tmp/up.json --set "o_proj@64=$E, \"SPLIT_K\": 4}}" --out /tmp/uo4.json
-tv --gemm-config /tmp/up.json --set "o_proj@64=$E, \"SPLIT_K\": 2}}" --out /tmp/uo2.json
-tv --gemm-config /tmp/up.json --set "qkv_proj@64=$E, \"SPLIT_K\": 2}}" --out /tmp/uq2.json
-tv --gemm-config /tmp/uo4.json --set "qkv_proj@64=$E, \"SPLIT_K\": 2}}" --out /tmp/uo4q2.json
-tv --gemm-config /tmp/up.json --set "down_proj@64=$E, \"SPLIT_K\": 4}}" --out /tmp/ud4.json
-tv --gemm-config /tmp/uo4.json --set "down_proj@64=$E, \"SPLIT_K\": 4}}" --out /tmp/uod4.json
-tv --gemm-config /tmp/uod4.json --set "qkv_proj@64=$E, \"SPLIT_K\": 2}}" --out /tmp/all.json
+# tv_at FROM LINEAR SPLIT OUT: FROM with LINEAR in exp12 (K split SPLIT) at each of BATCHES
+tv_at() { local a=() b; for b in $BATCHES; do a+=(--set "$2@$b=$E${3:+, \"SPLIT_K\": $3}}}"); done; tv --gemm-config $1 "${a[@]}" --out $4; }
+tg=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['gpu'])" $T)
+if [[ "$gpu" != "$tg" ]]; then tv --gemm-config $T --gpu "$gpu" --out /tmp/base.json; T=/tmp/base.json; fi
+tv_at $T up_proj "" /tmp/up.json
+tv_at /tmp/up.json o_proj 4 /tmp/uo4.json
+tv_at /tmp/up.json o_proj 2 /tmp/uo2.json
+tv_at /tmp/up.json qkv_proj 2 /tmp/uq2.json
+tv_at /tmp/uo4.json qkv_proj 2 /tmp/uo4q2.json
+tv_at /tmp/up.json down_proj 4 /tmp/ud4.json
+tv_at /tmp/uo4.json down_proj 4 /tmp/uod4.json
+tv_at /tmp/uod4.json qkv_proj 2 /tmp/all.json
 cp $T /tmp/base.json 2>/dev/null
 V=$(for t in ${TABLES:-base up uo4 uo2 uq2 uo4q2 ud4 uod4 all}; do printf /tmp/%s.json, $t; done); V=${V%,}  # TABLES: a subset
 cp ${V//,/ } ${OUT:-/tmp}/ 2>/dev/null
 if [[ "${AB:-1}" == 1 ]]; then
-  timeout 400 python benchmarks/decode_bench.py --batches 64 --skip int8,fp8,gptj,prefill --gemm-configs $V \
+  timeout 400 python benchmarks/decode_bench.py --batches ${BATCHES// /,} --skip int8,fp8,gptj,prefill --gemm-configs $V \
     --ab-rounds ${ROUNDS:-2} > ${OUT:-/tmp}/ab.txt 2> ${OUT:-/tmp}/ab.err
   grep decode_ms ${OUT:-/tmp}/ab.txt | grep -v '"gpu"' | python3 -c "
 import sys,json
 for l in sys.stdin:
-    d=json.loads(l); print(d['decode_ms_per_step'], d['graph_replay_ms'], d['gemm_config'])"
+    d=json.loads(l); print(d['batch'], d['decode_ms_per_step'], d['graph_replay_ms'], d['gemm_config'])"
   grep -v '^{' ${OUT:-/tmp}/ab.txt | tail -3; tail -3 ${OUT:-/tmp}/ab.err
 fi
 if [[ "${POWER:-0}" == 1 ]]; then
-  timeout 240 python -m benchmarks.step_power --batch 64 --gemm-configs $V --rounds 2 --seconds 3 \
+  timeout 240 python -m benchmarks.step_power --batch ${BATCHES%% *} --gemm-configs $V --rounds 2 --seconds 3 \
     > ${OUT:-/tmp}/power.txt 2> ${OUT:-/tmp}/power.err; tail -6 ${OUT:-/tmp}/power.txt; tail -3 ${OUT:-/tmp}/power.err
 fi
