@@ -104,7 +104,7 @@ def test_every_candidate_tune_gemm_writes_passes_the_checks():
         assert set(dict(default_config(m, False), TMA=1)) <= set(STREAMK_KEYS)
 
 
-@pytest.mark.parametrize("name", ["gemm-h200-decode.json"])
+@pytest.mark.parametrize("name", ["gemm-h200-decode.json", "gemm-h100-decode.json"])
 def test_the_committed_tables_pass_the_kernels_checks(name):
     """The tables the README and the benchmarks point the engine at load without a problem."""
     path = Path(__file__).parent.parent / "benchmarks" / "results" / name
