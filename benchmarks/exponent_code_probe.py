@@ -79,17 +79,19 @@ def _weight_half(MODE: tl.constexpr, first, second, base, HIGH: tl.constexpr):
     """Half a BLOCK_K step's weight tile in bf16, from what the form stores: MODE 0, the tile itself
     (`first`; `second` unused); 1, pack_e4's sign-and-mantissa bytes (`first`) and the codes
     (`second`, this half's nibble: the high one when HIGH), ESCAPE rebuilt as 0; 2, the low and the
-    high byte planes."""
+    high byte planes. MODE 0 returns from an else of its own: the compiler generates what follows a
+    constexpr branch's return too, and would find two return types where `first` is fp16."""
     if MODE == 0:
         return first
-    m = first.to(tl.int32)
-    if MODE == 1:
-        c = (second.to(tl.int32) >> 4) if HIGH else (second.to(tl.int32) & 0xF)
-        bits = ((m & 0x80) << 8) | ((c + base) << 7) | (m & 0x7F)
-        bits = tl.where(c == _ESCAPE, 0, bits)
     else:
-        bits = m | (second.to(tl.int32) << 8)
-    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        m = first.to(tl.int32)
+        if MODE == 1:
+            c = (second.to(tl.int32) >> 4) if HIGH else (second.to(tl.int32) & 0xF)
+            bits = ((m & 0x80) << 8) | ((c + base) << 7) | (m & 0x7F)
+            bits = tl.where(c == _ESCAPE, 0, bits)
+        else:
+            bits = m | (second.to(tl.int32) << 8)
+        return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
