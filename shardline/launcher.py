@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import signal
 import socket
@@ -27,13 +28,40 @@ from shardline.manifest import Manifest, is_converted
 
 
 _handed_out: set[int] = set()  # ports free_port returned in this process; never handed out twice
+_ports = random.Random()  # its own, so that a caller's random.seed does not make two processes agree
+
+
+def _ephemeral_ports() -> range:
+    """The ports the kernel gives outgoing connections and bind(0): Linux's ip_local_port_range."""
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return range(lo, hi + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)  # Linux's default
 
 
 def free_port() -> int:
     """A port nothing listens on now, and not one this process was given before. A cluster picks
-    all its ports before its processes bind them, and the kernel may offer a just-closed port
-    again; two servers given one port would both listen (gRPC sets SO_REUSEPORT unless told not
-    to) and split its connections between them."""
+    all its ports before its processes bind them, so two rules: not one handed out already (the
+    kernel may offer a just-closed port again, and two gRPC servers given one port would both
+    listen, SO_REUSEPORT, and split its connections), and not one from the ephemeral range, from
+    which any outgoing connection (a worker's to Redis, a client's) takes its local port and may
+    hold a port handed out before its server binds it (a TP group's rendezvous failed so:
+    EADDRINUSE). So a random port in the 12,000 below that range, else (no room below it) the
+    kernel's choice."""
+    eph = _ephemeral_ports()
+    below = range(max(1024, eph.start - 12000), eph.start)
+    for _ in range(200 if len(below) >= 1000 else 0):
+        port = _ports.choice(below)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # something listens there, or a connection holds it
+        _handed_out.add(port)
+        return port
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -45,12 +73,13 @@ def free_port() -> int:
 
 def free_port_run(n: int) -> int:
     """The first of n consecutive free ports (ClusterConfig.gateways listen on port, port + 1, ...)."""
+    eph = _ephemeral_ports()
     while True:
         base = free_port()
         rest = []
         try:
             for port in range(base + 1, base + n):
-                if port > 65535 or port in _handed_out:
+                if port > 65535 or port in _handed_out or (base < eph.start <= port):
                     raise OSError(f"port {port} is taken")
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", port))

@@ -12,7 +12,6 @@ import dataclasses
 import faulthandler
 import multiprocessing.connection
 import signal
-import socket
 import traceback
 import uuid
 from pathlib import Path
@@ -95,12 +94,6 @@ class LocalPipeline:
 
 # -- one process per TP rank ----------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_jobs(pipeline: LocalPipeline, jobs: list[tuple]) -> list:
     out = []
     for kind, args in jobs:
@@ -159,7 +152,9 @@ def run_local(model_dir: str | Path, jobs: list[tuple], config: EngineConfig | N
         return _run_jobs(LocalPipeline(model_dir, single_rank(), config), jobs)
     ctx = torch.multiprocessing.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
-    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    from shardline.launcher import free_port  # below the ephemeral ports, which a connection could take first
+
+    init_method = f"tcp://127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=_rank_main, args=(r, tp_size, init_method, str(model_dir), config, jobs, sender),
                          daemon=True) for r in range(tp_size)]
     for p in procs:

@@ -9,12 +9,27 @@ import subprocess
 import sys
 
 from shardline.converter import convert
-from shardline.launcher import free_port
+from shardline.launcher import _ephemeral_ports, free_port, free_port_run
 
 
 def test_free_port_never_hands_out_a_port_twice():
     ports = [free_port() for _ in range(300)]
     assert len(set(ports)) == len(ports)
+
+
+def test_free_ports_lie_below_the_range_outgoing_connections_take_theirs_from():
+    """An outgoing connection's local port comes from the ephemeral range; one handed out from it
+    could be taken before its server binds it (a TP rendezvous failed so, EADDRINUSE)."""
+    eph = _ephemeral_ports()
+    assert 1024 <= eph.start < eph.stop <= 65536
+    ports = [free_port() for _ in range(50)] + [free_port_run(3) + i for _ in range(10) for i in range(3)]
+    assert all(p < eph.start for p in ports), (eph, sorted(ports)[-5:])
+    # an outgoing connection meanwhile: its local port is never one of them
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as c:
+        assert c.getsockname()[1] not in ports
+    for p in ports[:10]:  # nothing holds them: a server can bind each
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
 
 
 def test_stage_worker_refuses_a_port_in_use(tmp_path, tiny_hf):
