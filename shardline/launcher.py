@@ -40,6 +40,18 @@ def _ephemeral_ports() -> range:
         return range(32768, 61000)  # Linux's default
 
 
+def _port_candidates():
+    """Random ports in the 12,000 below the ephemeral range; then (none free, or no room below it)
+    0, the kernel's choice."""
+    eph = _ephemeral_ports()
+    below = range(max(1024, eph.start - 12000), eph.start)
+    if len(below) >= 1000:
+        for _ in range(200):
+            yield _ports.choice(below)
+    while True:
+        yield 0
+
+
 def free_port() -> int:
     """A port nothing listens on now, and not one this process was given before. A cluster picks
     all its ports before its processes bind them, so two rules: not one handed out already (the
@@ -47,24 +59,13 @@ def free_port() -> int:
     listen, SO_REUSEPORT, and split its connections), and not one from the ephemeral range, from
     which any outgoing connection (a worker's to Redis, a client's) takes its local port and may
     hold a port handed out before its server binds it (a TP group's rendezvous failed so:
-    EADDRINUSE). So a random port in the 12,000 below that range, else (no room below it) the
-    kernel's choice."""
-    eph = _ephemeral_ports()
-    below = range(max(1024, eph.start - 12000), eph.start)
-    for _ in range(200 if len(below) >= 1000 else 0):
-        port = _ports.choice(below)
-        if port in _handed_out:
-            continue
+    EADDRINUSE)."""
+    for want in _port_candidates():
         with socket.socket() as s:
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind(("127.0.0.1", want))
             except OSError:
                 continue  # something listens there, or a connection holds it
-        _handed_out.add(port)
-        return port
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         if port not in _handed_out:
             _handed_out.add(port)

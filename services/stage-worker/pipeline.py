@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from shardline.config import EngineConfig
+from shardline.launcher import free_port
 from shardline.manifest import Manifest
 from shardline.parallel import TPGroup, init_tp_group, leave_tp_group, rank_device, single_rank
 from shardline.sampling import SamplingParams
@@ -152,8 +153,6 @@ def run_local(model_dir: str | Path, jobs: list[tuple], config: EngineConfig | N
         return _run_jobs(LocalPipeline(model_dir, single_rank(), config), jobs)
     ctx = torch.multiprocessing.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
-    from shardline.launcher import free_port  # below the ephemeral ports, which a connection could take first
-
     init_method = f"tcp://127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=_rank_main, args=(r, tp_size, init_method, str(model_dir), config, jobs, sender),
                          daemon=True) for r in range(tp_size)]

@@ -24,9 +24,6 @@ def test_free_ports_lie_below_the_range_outgoing_connections_take_theirs_from():
     assert 1024 <= eph.start < eph.stop <= 65536
     ports = [free_port() for _ in range(50)] + [free_port_run(3) + i for _ in range(10) for i in range(3)]
     assert all(p < eph.start for p in ports), (eph, sorted(ports)[-5:])
-    # an outgoing connection meanwhile: its local port is never one of them
-    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as c:
-        assert c.getsockname()[1] not in ports
     for p in ports[:10]:  # nothing holds them: a server can bind each
         with socket.socket() as s:
             s.bind(("127.0.0.1", p))
