@@ -11,6 +11,7 @@ python3 -m pip install -q --no-build-isolation --no-deps -e . > ${OUT:-/tmp}/pip
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $gpu"; git log --oneline | head -1
 if [[ "${TESTS:-1}" == 1 ]]; then timeout 150 python -m pytest -q tests/kernels/test_exp12.py "tests/stage_worker/test_gpu_engine.py::test_tuned_exp12_products_keep_bf16_greedy_choices" > ${OUT:-/tmp}/tests.txt 2>&1; tail -4 ${OUT:-/tmp}/tests.txt; fi
 T=${BASE:-benchmarks/results/gemm-h200-decode.json}
+[[ -f "$T" ]] || { echo "exp12_ab.sh: BASE=$T is no file; give a GEMM table (benchmarks/results/gemm-*-decode.json)" >&2; exit 2; }
 BATCHES=${BATCHES:-64}
 E='{"impl": "exp12", "config": {"BLOCK_K": 128, "STAGES": 4'
 tv() { python -m benchmarks.table_variant "$@" 2>&1 | tail -1; }
