@@ -1,9 +1,11 @@
 """How much of the engine's decode throughput survives the full serving path.
 
-    python benchmarks/e2e_bench.py --shape llama3-8b --device cuda --batch 16          # issue 4's bar
-    python benchmarks/e2e_bench.py --shape llama3-8b --device cuda --batch 16,64,256   # and beyond it
-    python benchmarks/e2e_bench.py --shape llama-small --device cpu --batch 16         # on a CPU
-    python benchmarks/e2e_bench.py --shape llama3-8b --device cuda --batch 64 --gateways 1,2
+    python -m benchmarks.e2e_bench --shape llama3-8b --device cuda --batch 16          # issue 4's bar
+    python -m benchmarks.e2e_bench --shape llama3-8b --device cuda --batch 16 \
+        --gemm-config benchmarks/results/gemm-h200-decode.json                        # both on the tuned table
+    python -m benchmarks.e2e_bench --shape llama3-8b --device cuda --batch 16,64,256   # and beyond it
+    python -m benchmarks.e2e_bench --shape llama-small --device cpu --batch 16         # on a CPU
+    python -m benchmarks.e2e_bench --shape llama3-8b --device cuda --batch 64 --gateways 1,2
 
 One run, same random weights (model/random_weights.py); at each batch size, `batch` requests of
 `prompt` random token ids and `new` greedy tokens each (ignore_eos):
@@ -28,6 +30,7 @@ import time
 import grpc
 import torch
 
+from benchmarks import decode_bench
 from benchmarks.decode_bench import build
 from shardline.client import AsyncClient, RequestInfo
 from shardline.config import KV_CACHE_DTYPES
@@ -159,8 +162,11 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="stage workers log at DEBUG: every step's rows and path")
     ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                     help="the engine's and the stage worker's KV cache: auto (the model's dtype) or fp8 (e4m3)")
+    ap.add_argument("--gemm-config", help="a `shardline tune-gemm` table for the engine and the stage worker "
+                    "alike (benchmarks/results/gemm-*-decode.json); without one both run the default GEMMs")
     ap.add_argument("--out")
     args = ap.parse_args()
+    decode_bench.GEMM_CONFIG = args.gemm_config
     cuda = args.device.startswith("cuda")
     batches = [int(b) for b in args.batch.split(",")]
     g = torch.Generator().manual_seed(0)
@@ -174,14 +180,14 @@ def main() -> None:
                                grpc_port=free_port_run(gateways), gateways=gateways,
                                max_model_len=4096 if cuda else 1024, num_blocks=None if cuda else 2048,
                                startup_timeout_s=600, workdir=workdir, kv_cache_dtype=args.kv_cache_dtype,
-                               extra_env={"SHARDLINE_LOG_LEVEL": "DEBUG"} if args.trace else {})
+                               gemm_config=args.gemm_config, extra_env={"SHARDLINE_LOG_LEVEL": "DEBUG"} if args.trace else {})
         with LocalCluster(config) as cluster:
             results += [{"gateways": gateways, **summary(b, args.new, engine_s[b], served_rounds(args, cluster, prompts[b]))}
                         for b in batches]
     res = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
            "device": torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine(),
            "shape": args.shape, "prompt": args.prompt, "new": args.new, "kv_cache_dtype": args.kv_cache_dtype,
-           "batches": results}
+           "gemm_config": args.gemm_config, "batches": results}
     print(json.dumps(res), flush=True)
     if args.out:
         with open(args.out, "w") as f:

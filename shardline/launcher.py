@@ -150,6 +150,7 @@ class ClusterConfig:
     max_model_len: int | None = None
     gpu_memory_fraction: float = 0.9
     kv_cache_dtype: str = "auto"  # --kv-cache-dtype of every stage worker: auto or fp8
+    gemm_config: str | None = None  # --gemm-config of every stage worker: a `shardline tune-gemm` table (GPU)
     drain_timeout_s: float = 30.0  # how long a stage worker finishes its sequences after SIGTERM
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -170,6 +171,17 @@ class ClusterConfig:
         check_device(self.device, here=True)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: use one of {', '.join(KV_CACHE_DTYPES)}")
+        if self.gemm_config is not None:
+            # A stage worker takes a missing table for "not tuned here" and runs the default GEMMs;
+            # a path given to this launcher is the user's, so a typo stops it before anything starts.
+            path = Path(self.gemm_config).resolve()
+            if not path.is_file():
+                raise ConfigError(f"--gemm-config {self.gemm_config}: no such file; give a table written by "
+                                  "`shardline tune-gemm --out` (benchmarks/results/gemm-*-decode.json) or leave it out")
+            from shardline.gemm_tuning import GemmTable  # torch: only when there is a table to check
+
+            GemmTable.checked(path)
+            self.gemm_config = str(path)  # the stage workers run in other directories
 
 
 class LocalCluster:
@@ -275,6 +287,8 @@ class LocalCluster:
             common += ["--num-blocks", str(c.num_blocks)]
         if c.kv_cache_dtype != "auto":
             common += ["--kv-cache-dtype", c.kv_cache_dtype]
+        if c.gemm_config:
+            common += ["--gemm-config", c.gemm_config]
         if c.tp > 1:
             common += ["--tp-init", f"tcp://127.0.0.1:{free_port()}"]
         rank0 = self._spawn(f"{name}-rank0", [sys.executable, "-m", "shardline.stage_worker", *common, "--tp-rank", "0",
@@ -411,6 +425,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-url", help="use this Redis instead of starting one")
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                    help="the stage workers' KV cache: auto (the model's dtype) or fp8 (e4m3, twice the tokens)")
+    p.add_argument("--gemm-config", help="the stage workers' GEMM choices: a `shardline tune-gemm` table for this "
+                   "GPU (benchmarks/results/gemm-*-decode.json; a table for another GPU leaves the defaults)")
     p.add_argument("--workdir", help="keep models and logs here (default: a temp dir removed on exit)")
 
 
@@ -422,7 +438,7 @@ def run(args: argparse.Namespace) -> int:
                                device=args.device, grpc_port=args.grpc_port, http_port=args.http_port,
                                redis_url=args.redis_url, workdir=args.workdir,
                                num_blocks=None if args.device.startswith("cuda") else 256,
-                               kv_cache_dtype=args.kv_cache_dtype)
+                               kv_cache_dtype=args.kv_cache_dtype, gemm_config=args.gemm_config)
     except ConfigError as e:
         print(f"shardline up: error: {e}", file=sys.stderr)
         return 2

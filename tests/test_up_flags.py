@@ -43,3 +43,21 @@ def test_cuda_without_a_visible_gpu_is_refused(capsys):
         pytest.skip("a CUDA GPU is visible here; the check is for machines without one")
     assert main(["up", "--device", "cuda"]) == 2
     assert "--device cuda but no CUDA GPU is visible here" in capsys.readouterr().err
+
+
+def test_a_gemm_config_that_is_no_file_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["up", "--gemm-config", str(tmp_path / "gemm-h2OO.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"shardline up: error: --gemm-config {tmp_path / 'gemm-h2OO.json'}: no such file; "
+                          "give a table written by `shardline tune-gemm --out`"), err
+    assert list(tmp_path.iterdir()) == [], "no work directory for a refused run"
+
+
+def test_a_gemm_config_that_is_no_table_is_refused(tmp_path, capsys):
+    bad = tmp_path / "notes.json"
+    bad.write_text('{"gpu": "NVIDIA H200"}')
+    assert main(["up", "--gemm-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"shardline up: error: GEMM config {bad} is not a `shardline tune-gemm` table"), err
+    assert "re-run `shardline tune-gemm --out` or leave the GEMM config out" in err

@@ -94,12 +94,17 @@ class StageEngine:
             table = GemmTable.load(config.gemm_config, self.device)
             if table is not None:
                 gemm_buckets = {m for by_m in table.entries.values() for m in by_m}
+                log.info("stage %d rank %d: GEMM config %s (%s): entries at %s rows", stage, tp.rank,
+                         config.gemm_config, table.gpu, ", ".join(map(str, sorted(gemm_buckets))))
                 self.model.configure_gemms(table)
                 gaps = self.model.gemm_bucket_gaps(table)
                 if gaps:
                     log.warning("GEMM config %s: %s lack batch buckets the other projections have, so those "
                                 "rows run them on a larger bucket's entries; re-run `shardline tune-gemm "
                                 "--batches ...` covering every bucket for every linear", config.gemm_config, gaps)
+        elif config.gemm_config:
+            log.info("stage %d rank %d: GEMM config %s not read: its tables choose GPU kernels, and on %s "
+                     "torch runs every linear", stage, tp.rank, config.gemm_config, self.device.type)
         num_kv_heads = cfg.num_kv_heads // tp.size
         self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device)
         num_blocks = config.num_blocks or plan_num_blocks(
