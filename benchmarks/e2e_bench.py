@@ -34,6 +34,7 @@ from benchmarks import decode_bench
 from benchmarks.decode_bench import build
 from shardline.client import AsyncClient, RequestInfo
 from shardline.config import KV_CACHE_DTYPES
+from shardline.gemm_tuning import GemmTable
 from benchmarks.gateway_capacity import cpu_seconds
 from shardline.launcher import ClusterConfig, LocalCluster, free_port_run
 from shardline.sampling import SamplingParams
@@ -168,6 +169,10 @@ def main() -> None:
     args = ap.parse_args()
     decode_bench.GEMM_CONFIG = args.gemm_config
     cuda = args.device.startswith("cuda")
+    if args.gemm_config and cuda and GemmTable.load(args.gemm_config, torch.device(args.device)) is None:
+        ap.error(f"--gemm-config {args.gemm_config}: no table of {torch.cuda.get_device_name(args.device)} there "
+                 "(missing, or tuned on another GPU), so both sides would run the default GEMMs; give this GPU's "
+                 "table (`shardline tune-gemm --out`) or leave it out")
     batches = [int(b) for b in args.batch.split(",")]
     g = torch.Generator().manual_seed(0)
     prompts = {b: torch.randint(3, 1000, (b, args.prompt), generator=g).tolist() for b in batches}
