@@ -54,10 +54,13 @@ def test_a_gemm_config_that_is_no_file_is_refused(tmp_path, monkeypatch, capsys)
     assert list(tmp_path.iterdir()) == [], "no work directory for a refused run"
 
 
-def test_a_gemm_config_that_is_no_table_is_refused(tmp_path, capsys):
+def test_a_gemm_config_that_is_no_table_is_refused(tmp_path, monkeypatch, capsys):
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     bad = tmp_path / "notes.json"
     bad.write_text('{"gpu": "NVIDIA H200"}')
     assert main(["up", "--gemm-config", str(bad)]) == 2
+    assert list((tmp_path / "tmp").iterdir()) == [], "no work directory for a refused run"
     err = capsys.readouterr().err
     assert err.startswith(f"shardline up: error: GEMM config {bad} is not a `shardline tune-gemm` table"), err
     assert "re-run `shardline tune-gemm --out` or leave the GEMM config out" in err

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gemm_tables import gemm_table
 
 from shardline.client import Client
 from shardline.config import EngineConfig
@@ -48,24 +49,18 @@ def test_every_stage_worker_is_given_the_table(tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_stage_workers_load_the_table_and_serve_its_tokens(tmp_path):
+def test_gpu_stage_workers_load_the_table_and_serve_its_tokens(tmp_path, tiny_hf):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU; the CPU test above covers the flag's path to every stage worker")
     from shardline.converter import convert
-    from shardline.gemm_tuning import GemmTable, key, linear_shapes
-    from shardline.manifest import Manifest
-    from shardline.tiny import make_tiny_hf_model
 
     model = tmp_path / "tiny"
-    convert(make_tiny_hf_model(tmp_path / "tiny-hf"), model, tp=1, pp=2, dtype="fp32")
-    split_k = {"impl": "triton", "config": dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=3)}
-    shapes = linear_shapes(Manifest.read(model).model)
-    table = tmp_path / "gemm.json"
-    GemmTable(torch.cuda.get_device_name(), {key(n, k, torch.float32, torch.float32): {64: split_k}
-                                             for n, k in shapes.values()}).save(table)
-    config = ClusterConfig(model=str(model), pp=2, device="cuda", num_blocks=64, gemm_config=str(table),
+    convert(tiny_hf(), model, tp=1, pp=2, dtype="fp32")
+    table = gemm_table(model, tmp_path / "gemm.json", torch.float32, {"impl": "triton", "config": dict(
+        BLOCK_N=32, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=3)})
+    config = ClusterConfig(model=str(model), pp=2, device="cuda", num_blocks=64, gemm_config=table,
                            grpc_port=free_port(), workdir=str(tmp_path / "cluster"))
-    got, want, logs = serve(config, EngineConfig(device="cuda", num_blocks=64, gemm_config=str(table)))
+    got, want, logs = serve(config, EngineConfig(device="cuda", num_blocks=64, gemm_config=table))
     assert got == want
     said = [f"stage {s} rank 0: GEMM config {table} ({torch.cuda.get_device_name()}): entries at 64 rows"
             for s in (0, 1)]

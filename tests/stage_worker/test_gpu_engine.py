@@ -16,6 +16,7 @@ import sys
 
 import pytest
 import torch
+from gemm_tables import gemm_table
 
 from shardline.config import EngineConfig
 from shardline.converter import convert
@@ -140,24 +141,10 @@ def test_greedy_64_steps_bf16_are_reference_greedy_choices(models):
                                                                                            ignore_eos=True)))
 
 
-def _gemm_table(model_dir, path, dtype: torch.dtype, choice: dict,
-                overrides: dict[str, dict] | None = None) -> str:
-    """A `tune-gemm` table that sends every linear of the model, at up to 64 rows, to `choice`, but
-    those named in `overrides` (and any other of the same shape) to theirs."""
-    from shardline.gemm_tuning import GemmTable, key, linear_shapes
-    from shardline.manifest import Manifest
-    shapes = linear_shapes(Manifest.read(model_dir).model)
-    entries = {key(n, k, dtype, dtype): {64: choice} for n, k in shapes.values()}
-    for name, other in (overrides or {}).items():
-        entries[key(*shapes[name], dtype, dtype)] = {64: other}
-    GemmTable(torch.cuda.get_device_name(), entries).save(path)
-    return str(path)
-
-
 def test_tuned_split_k_with_fused_swiglu_keeps_fp32_greedy_tokens(models, tmp_path):
     """Decode steps of 4 rows through the split-K kernel (PDL, SwiGLU in its epilogue where the MLP
     is gated), as a tuned table sends batches 2-64: the unoptimised path's greedy tokens."""
-    table = _gemm_table(models / "fp32", tmp_path / "gemm.json", torch.float32, {"impl": "triton", "config": dict(
+    table = gemm_table(models / "fp32", tmp_path / "gemm.json", torch.float32, {"impl": "triton", "config": dict(
         BLOCK_N=32, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=3)})
     fast = LocalPipeline(models / "fp32", config=dataclasses.replace(GPU, gemm_config=table))
     got = fast.generate(PROMPTS, SamplingParams(max_tokens=64, ignore_eos=True))
@@ -165,7 +152,7 @@ def test_tuned_split_k_with_fused_swiglu_keeps_fp32_greedy_tokens(models, tmp_pa
 
 
 def test_tuned_stream_k_keeps_bf16_greedy_choices(models, tmp_path):
-    table = _gemm_table(models / "bf16", tmp_path / "gemm.json", torch.bfloat16, {"impl": "streamk", "config": dict(
+    table = gemm_table(models / "bf16", tmp_path / "gemm.json", torch.bfloat16, {"impl": "streamk", "config": dict(
         BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=3, PROGRAMS=7)})
     fast = LocalPipeline(models / "bf16", config=dataclasses.replace(GPU, gemm_config=table))
     assert_reference_greedy_choices(models / "bf16", fast.generate(PROMPTS, SamplingParams(max_tokens=64,
@@ -183,7 +170,7 @@ def test_tuned_ring_gemm_keeps_bf16_greedy_choices(models, tmp_path, ring):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the ring GEMM is for Hopper and later (TMA, wgmma)")
     pytest.importorskip("triton.experimental.gluon", reason="the ring GEMM is written in Gluon")
-    table = _gemm_table(models / "bf16", tmp_path / "gemm.json", torch.bfloat16, {"impl": "ring", "config": ring})
+    table = gemm_table(models / "bf16", tmp_path / "gemm.json", torch.bfloat16, {"impl": "ring", "config": ring})
     fast = LocalPipeline(models / "bf16", config=dataclasses.replace(GPU, gemm_config=table))
     assert_reference_greedy_choices(models / "bf16", fast.generate(PROMPTS, SamplingParams(max_tokens=64,
                                                                                            ignore_eos=True)))
@@ -203,7 +190,7 @@ def test_tuned_exp12_products_keep_bf16_greedy_choices(tmp_path, tiny_hf):
     convert(hf, tmp_path / "bf16", tp=1, pp=2, dtype="bf16")
     ring = {"impl": "ring", "config": dict(BLOCK_N=64, BLOCK_K=64, STAGES=3, SPLIT_K=2)}
     split = {"impl": "exp12", "config": {"BLOCK_K": 64, "STAGES": 4, "SPLIT_K": 2}}
-    table = _gemm_table(tmp_path / "bf16", tmp_path / "gemm.json", torch.bfloat16, ring,
+    table = gemm_table(tmp_path / "bf16", tmp_path / "gemm.json", torch.bfloat16, ring,
                         {"up_proj": {"impl": "exp12", "config": {"BLOCK_K": 128, "STAGES": 4}},
                          "qkv_proj": split, "o_proj": split, "down_proj": split})
     fast = LocalPipeline(tmp_path / "bf16", config=dataclasses.replace(GPU, gemm_config=table))
@@ -299,7 +286,7 @@ def test_the_head_writes_the_logits_only_for_steps_that_draw(one_stage, tmp_path
     normed rows). The rows drawn at a temperature stop after 6 tokens and the greedy ones run
     on, so graph steps of both kinds follow each other: the drawn rows must read this step's
     logits, not a stale buffer, and every row must get the eager path's tokens on the same table."""
-    table = _gemm_table(one_stage, tmp_path / "gemm.json", torch.float32, {"impl": "triton", "config": dict(
+    table = gemm_table(one_stage, tmp_path / "gemm.json", torch.float32, {"impl": "triton", "config": dict(
         BLOCK_N=32, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=3)},
         overrides=None if folded else {"qkv_proj": {"impl": "cublas", "config": None}})
     config = dataclasses.replace(GPU, gemm_config=table)
