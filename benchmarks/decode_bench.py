@@ -10,7 +10,9 @@ method of ../shared/peers/hf_decode.py: decode ms/step = (t(128 new) - t(1 new))
   - the ceilings (copy bandwidth, bf16 GEMM rate) and the roofline (weights / bandwidth)
   - peers, when --peers DIR holds them (a git-ignored folder; never committed): HF transformers
     eager (hf_decode.py) and gpt-fast (DIR/gpt-fast, through benchmarks/peer_gptfast.py)
-Prints a table with ratios last.
+Prints a table with ratios last. Each decode timing carries the GPU's state over its runs (SM
+clock, power draw, the share of readings at the power cap; benchmarks/gpu_state.py): an H200 at
+batch 64 runs at its 700 W limit, and the clock it holds there moves the step by a few percent.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from pathlib import Path
 
 import torch
 
+try:
+    from benchmarks import gpu_state
+except ImportError:  # run as `python benchmarks/decode_bench.py`: this folder is sys.path[0]
+    import gpu_state
 from shardline import step_tuning
 from shardline.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
 from shardline.gemm_tuning import GemmTable
@@ -143,14 +149,22 @@ def timed(pipeline: LocalPipeline, prompts: list[list[int]], new: int) -> float:
     return time.perf_counter() - t
 
 
-def decode_ms_per_step(pipeline: LocalPipeline, batch: int, prompt: int = 128, new: int = 128) -> float:
+def decode_run(pipeline: LocalPipeline, batch: int, prompt: int = 128, new: int = 128) -> tuple[float, dict]:
+    """ms a decode step, (t(new) - t(1)) / (new - 1), the best of two runs each; and the GPU's
+    state over the two full runs (gpu_state.summarize: SM clock, power, the share at the power
+    cap), which moves a step by a few percent from machine to machine."""
     vocab = pipeline.manifest.model.vocab_size
     g = torch.Generator().manual_seed(batch)
     prompts = torch.randint(0, vocab, (batch, prompt), generator=g).tolist()
     timed(pipeline, prompts, 8)  # warm-up: Triton compiles, graphs are captured
-    t_full = min(timed(pipeline, prompts, new) for _ in range(2))
+    with gpu_state.Sampler() as state:
+        t_full = min(timed(pipeline, prompts, new) for _ in range(2))
     t_pref = min(timed(pipeline, prompts, 1) for _ in range(2))
-    return (t_full - t_pref) / (new - 1) * 1e3
+    return (t_full - t_pref) / (new - 1) * 1e3, state.summary()
+
+
+def decode_ms_per_step(pipeline: LocalPipeline, batch: int, prompt: int = 128, new: int = 128) -> float:
+    return decode_run(pipeline, batch, prompt, new)[0]
 
 
 def loaded_graph(pipeline: LocalPipeline, batch: int, context: int = 192,
@@ -273,11 +287,11 @@ def time_variants(pipeline: LocalPipeline, batches: list[int], variants: list[di
                 if "gemm_config" in variant:
                     pipeline.engines[0].model.configure_gemms(tables[variant["gemm_config"]])
                 pipeline.engines[0].graphs.reset()
-            ms = decode_ms_per_step(pipeline, b)
+            ms, state = decode_run(pipeline, b)
             gpu_ms = graph_replay_ms(pipeline, b)
             rows.append({"batch": b, "decode_ms_per_step": round(ms, 3), "tok_s": round(b * 1e3 / ms, 1),
                          "weight_GBps": round(weight_bytes / ms / 1e6, 1),
-                         "graph_replay_ms": round(gpu_ms, 3) if gpu_ms else None, **variant})
+                         "graph_replay_ms": round(gpu_ms, 3) if gpu_ms else None, "gpu_state": state, **variant})
             print(json.dumps(rows[-1]), flush=True)
     use_attention_config({})
     return rows
@@ -419,12 +433,14 @@ def print_table(res: dict, weight_bytes: int) -> None:
         roofline = f"; roofline batch-1 {weight_bytes / bw / 1e6:.2f} ms/step (weights only)" if weight_bytes else ""
         print(f"ceilings: copy {bw} GB/s, bf16 GEMM {res['ceilings'].get('bf16_gemm_TFLOPs')} TFLOP/s{roofline}")
     print(f"{'batch':>5} {'shardline ms':>12} {'(GPU ms)':>8} {'tok/s':>9} {'HF ms':>8} {'xHF':>6} "
-          f"{'gpt-fast ms':>11} {'xGF':>5}")
+          f"{'gpt-fast ms':>11} {'xGF':>5}  {'SM MHz':>6} {'W':>5} {'capped':>6}")
+    nan = float("nan")
     for r in res.get("shardline", []):
         b, ms = r["batch"], r["decode_ms_per_step"]
-        h, g = hf.get(b), gf.get(b)
-        print(f"{b:>5} {ms:>12.3f} {r.get('graph_replay_ms') or float('nan'):>8.3f} {r['tok_s']:>9.1f} {h or float('nan'):>8.2f} {(h / ms) if h else float('nan'):>6.2f} "
-              f"{g or float('nan'):>11.2f} {(g / ms) if g else float('nan'):>5.2f}")
+        h, g, st = hf.get(b), gf.get(b), r.get("gpu_state") or {}
+        print(f"{b:>5} {ms:>12.3f} {r.get('graph_replay_ms') or nan:>8.3f} {r['tok_s']:>9.1f} {h or nan:>8.2f} "
+              f"{(h / ms) if h else nan:>6.2f} {g or nan:>11.2f} {(g / ms) if g else nan:>5.2f}  "
+              f"{st.get('sm_mhz', nan):>6.0f} {st.get('power_w', nan):>5.0f} {st.get('power_capped', nan):>6.0%}")
     if "kv_2k_sequences_at_0.9_memory" in res:
         kv = " in an fp8 (e4m3) cache" if res.get("kv_cache_dtype") == "fp8" else ""
         print(f"KV capacity for Llama-3-8B alone on this GPU: {res['kv_2k_sequences_at_0.9_memory']} sequences of "

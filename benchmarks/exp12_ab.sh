@@ -36,7 +36,8 @@ if [[ "${AB:-1}" == 1 ]]; then
   grep decode_ms ${OUT:-/tmp}/ab.txt | grep -v '"gpu"' | python3 -c "
 import sys,json
 for l in sys.stdin:
-    d=json.loads(l); print(d['batch'], d['decode_ms_per_step'], d['graph_replay_ms'], d['gemm_config'])"
+    d=json.loads(l); g=d.get('gpu_state') or {}
+    print(d['batch'], d['decode_ms_per_step'], d['graph_replay_ms'], g.get('sm_mhz'), 'MHz', g.get('power_w'), 'W', d['gemm_config'])"
   grep -v '^{' ${OUT:-/tmp}/ab.txt | tail -3; tail -3 ${OUT:-/tmp}/ab.err
 fi
 if [[ "${POWER:-0}" == 1 ]]; then

@@ -30,7 +30,7 @@ import sys
 import torch
 
 from benchmarks import decode_bench
-from benchmarks.step_power import smi
+from benchmarks.gpu_state import smi
 from shardline import step_tuning
 from shardline.graph_capture import collected_garbage
 from shardline.stage_worker.staging import HostStep, PinnedStaging, TokenReadback

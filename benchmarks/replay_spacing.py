@@ -29,7 +29,7 @@ import time
 import torch
 
 from benchmarks import decode_bench
-from benchmarks.step_power import smi
+from benchmarks.gpu_state import smi
 from shardline import step_tuning
 
 

@@ -27,35 +27,20 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import subprocess
 import sys
 import time
 
 import torch
 
-from benchmarks import decode_bench
+from benchmarks import decode_bench, gpu_state
+from benchmarks.gpu_state import SMI_FIELDS, smi
 from shardline import step_tuning
 from shardline.gemm_tuning import GemmTable
 
-SMI_FIELDS = "clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active"
-
-
-def smi() -> str:
-    """The GPU's SM and memory clocks, power draw and limit, temperature and throttle reasons now."""
-    out = subprocess.run(["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader", "-i",
-                          str(torch.cuda.current_device())], capture_output=True, text=True, check=False)
-    return out.stdout.strip() or f"(nvidia-smi: {out.stderr.strip()})"
-
-
-def smi_numbers() -> tuple[float, float]:
-    """The SM clock (MHz) and the power draw (W) now."""
-    out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-i",
-                          str(torch.cuda.current_device())], capture_output=True, text=True, check=False)
-    try:
-        mhz, watts = (float(f) for f in out.stdout.split(","))
-    except ValueError:
-        return float("nan"), float("nan")
-    return mhz, watts
+def clock_and_power() -> tuple[float, float]:
+    """The SM clock (MHz) and the power draw (W) now; NaNs where they cannot be read."""
+    r = gpu_state.read()
+    return (r.sm_mhz, r.power_w) if r is not None else (float("nan"), float("nan"))
 
 
 def table_ab(pipeline, tables: dict, batch: int, seconds: float, rounds: int) -> None:
@@ -80,7 +65,7 @@ def table_ab(pipeline, tables: dict, batch: int, seconds: float, rounds: int) ->
             t0, got = time.time(), []
             while time.time() - t0 < seconds:
                 ms = step_tuning.replay_ms(graph, 40)
-                got.append((ms, *smi_numbers()))
+                got.append((ms, *clock_and_power()))
             samples[path] += got
             ms, mhz, w = (sum(g[i] for g in got) / len(got) for i in range(3))
             print(f"round {r + 1}  {path:<48} {ms:7.3f} ms  {mhz:6.0f} MHz  {w:6.1f} W  {w * ms:6.1f} mJ a step",
