@@ -16,6 +16,7 @@ unset, which is how the benchmarks run).
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import threading
 import time
@@ -91,8 +92,13 @@ class _Smi:
 
 
 def reader(index: int | None = None):
-    """What reads the GPU: NVML where nvidia-ml-py imports and initialises, else nvidia-smi."""
-    index = _device_index() if index is None else index
+    """What reads the GPU: NVML where nvidia-ml-py imports and initialises, else nvidia-smi (made
+    once a device)."""
+    return _reader(_device_index() if index is None else index)
+
+
+@functools.cache
+def _reader(index: int):
     try:
         return _Nvml(index)
     except Exception:  # no nvidia-ml-py, or NVML without this device: the command line still answers

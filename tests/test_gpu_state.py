@@ -61,7 +61,9 @@ def test_sampler_reads_on_its_own_thread_while_the_block_runs_and_stops_after():
 
 def test_reader_falls_back_to_nvidia_smi_without_nvml(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+    gpu_state._reader.cache_clear()
     r = gpu_state.reader(index=0)
+    gpu_state._reader.cache_clear()
     assert isinstance(r, gpu_state._Smi) and r.index == "0" and r.interval >= 0.2
 
 
