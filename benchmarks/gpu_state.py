@@ -9,7 +9,9 @@ it ran at:
         run()
     state.summary()  # {"sm_mhz": 1712, "sm_mhz_min": 1530, "power_w": 688.1, "power_capped": 0.93, ...}
 
-Readings come from NVML (nvidia-ml-py) where it imports, else from `nvidia-smi`, both for the
+The sampling thread wakes 20 times a second (4 through nvidia-smi) beside the benchmark's host
+thread; what that costs a decode step has not been measured apart, so compare timings taken the
+same way. Readings come from NVML (nvidia-ml-py) where it imports, else from `nvidia-smi`, both for the
 current CUDA device by its index (as nvidia-smi numbers the GPUs where CUDA_VISIBLE_DEVICES is
 unset, which is how the benchmarks run).
 """
@@ -62,7 +64,7 @@ def parse_smi(line: str) -> Reading | None:
 
 
 class _Nvml:
-    interval = 0.05  # seconds between a Sampler's readings: a call takes microseconds
+    interval = 0.05  # seconds between a Sampler's readings: a library call, no process
 
     def __init__(self, index: int) -> None:
         import pynvml
@@ -79,7 +81,7 @@ class _Nvml:
 
 
 class _Smi:
-    interval = 0.25  # a call takes ~20-50 ms of a CPU
+    interval = 0.25  # a process a reading: asked less often
 
     def __init__(self, index: int) -> None:
         self.index = str(index)
