@@ -11,7 +11,8 @@ it ran at:
 
 The sampling thread wakes 20 times a second (4 through nvidia-smi) beside the benchmark's host
 thread; what that costs a decode step has not been measured apart, so compare timings taken the
-same way. Readings come from NVML (nvidia-ml-py) where it imports, else from `nvidia-smi`, both for the
+same way. SHARDLINE_GPU_SAMPLER=0 turns the thread off (the summary is then {}), so
+`decode_bench.py --env-variants 'SHARDLINE_GPU_SAMPLER=1;SHARDLINE_GPU_SAMPLER=0'` measures that cost. Readings come from NVML (nvidia-ml-py) where it imports, else from `nvidia-smi`, both for the
 current CUDA device by its index (as nvidia-smi numbers the GPUs where CUDA_VISIBLE_DEVICES is
 unset, which is how the benchmarks run).
 """
@@ -19,6 +20,7 @@ unset, which is how the benchmarks run).
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import threading
 import time
@@ -128,10 +130,14 @@ def summarize(readings: list[Reading]) -> dict:
 
 class Sampler:
     """Reads the GPU every `interval` seconds on a thread while the `with` block runs; summary()
-    after it. `read` stands in for the GPU's reader (tests give it a fake)."""
+    after it. `read` stands in for the GPU's reader (tests give it a fake). Under
+    SHARDLINE_GPU_SAMPLER=0 it reads nothing and starts no thread."""
 
     def __init__(self, read=None, interval: float | None = None) -> None:
-        if read is None:
+        self.enabled = os.environ.get("SHARDLINE_GPU_SAMPLER", "1") != "0"
+        if read is None and not self.enabled:
+            read = lambda: None  # noqa: E731 - never called: no thread starts
+        elif read is None:
             r = reader()
             read, interval = r.read, interval or r.interval
         self._read, self.interval = read, interval or 0.05
@@ -151,12 +157,14 @@ class Sampler:
             self._stop.wait(max(0.0, self.interval - (time.perf_counter() - t)))
 
     def __enter__(self) -> Sampler:
-        self._thread.start()
+        if self.enabled:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join()
+        if self.enabled:
+            self._thread.join()
 
     def summary(self) -> dict:
         return summarize(self.readings)

@@ -97,3 +97,16 @@ def test_the_gpu_reader_gives_a_clock_and_a_draw_while_the_gpu_works():
         torch.cuda.synchronize()
         time.sleep(0.3)
     assert s.summary()["readings"] >= 1 and s.summary()["sm_mhz"] > 100
+
+
+def test_sampler_switched_off_starts_no_thread_and_reads_nothing(monkeypatch):
+    monkeypatch.setenv("SHARDLINE_GPU_SAMPLER", "0")
+    fake = FakeGpuReader()
+    before = {t.name for t in threading.enumerate()}
+    with Sampler(read=fake, interval=0.01) as s:
+        time.sleep(0.05)
+        assert "gpu-state" not in {t.name for t in threading.enumerate()} - before
+    assert fake.calls == 0 and s.summary() == {}
+    with Sampler() as s:  # nor is a GPU reader made: this runs on a machine without one
+        pass
+    assert s.summary() == {}
