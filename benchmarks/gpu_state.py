@@ -13,8 +13,7 @@ The sampling thread wakes 20 times a second (4 through nvidia-smi) beside the be
 thread; what that costs a decode step has not been measured apart, so compare timings taken the
 same way. SHARDLINE_GPU_SAMPLER=0 turns the thread off (the summary is then {}), so
 `decode_bench.py --env-variants 'SHARDLINE_GPU_SAMPLER=1;SHARDLINE_GPU_SAMPLER=0'` measures that cost. Readings come from NVML (nvidia-ml-py) where it imports, else from `nvidia-smi`, both for the
-current CUDA device by its index (as nvidia-smi numbers the GPUs where CUDA_VISIBLE_DEVICES is
-unset, which is how the benchmarks run).
+current CUDA device, found by the index NVML gives it (CUDA_VISIBLE_DEVICES mapped back).
 """
 
 from __future__ import annotations
@@ -42,9 +41,16 @@ class Reading:
 
 
 def _device_index() -> int:
+    """The current CUDA device as NVML and nvidia-smi number the GPUs: under CUDA_VISIBLE_DEVICES
+    (indices or UUIDs) CUDA's device 0 may be any of them, mapped back as torch.cuda's own NVML
+    readings map it; CUDA's index where torch cannot map it."""
     import torch
 
-    return torch.cuda.current_device()
+    index = torch.cuda.current_device()
+    try:
+        return torch.cuda._get_nvml_device_index(index)
+    except Exception:  # a torch without the helper, or NVML without the UUIDs: CUDA's numbering
+        return index
 
 
 def smi() -> str:

@@ -110,3 +110,12 @@ def test_sampler_switched_off_starts_no_thread_and_reads_nothing(monkeypatch):
     with Sampler() as s:  # nor is a GPU reader made: this runs on a machine without one
         pass
     assert s.summary() == {}
+
+
+def test_the_device_is_read_by_its_nvml_index_under_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)  # CUDA's device 1 is the machine's GPU 5
+    assert gpu_state._device_index() == 5
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert gpu_state._device_index() == 0  # nothing visible to map: CUDA's own index, no error
