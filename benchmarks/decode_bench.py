@@ -243,20 +243,25 @@ def run_env_variants(variants: list[dict[str, str]], rounds: int, argv: list[str
     """The same run (argv, less the A/B options) in a fresh process under each environment in
     turn, `rounds` times: an A/B of what only the environment switches (the kernels' switches in
     shardline/kernels/_dispatch.py are read once, at import). Prints every run's rows, then each batch's
-    ms/step under each environment."""
+    ms/step under each environment, with the mean SM clock and power its runs read where they did."""
     child = [sys.executable, str(Path(__file__).resolve())] + without_option(without_option(argv, "--env-variants"),
                                                                              "--env-rounds")
-    times: dict[tuple[int, str], list[float]] = {}
+    runs: dict[tuple[int, str], list[dict]] = {}
     for _ in range(rounds):
         for env in variants:
             tag = ",".join(f"{k}={v}" for k, v in env.items())
             for row in run_json_lines(child, env=env, timeout=900):
                 if "batch" in row and "decode_ms_per_step" in row:
-                    times.setdefault((row["batch"], tag), []).append(row["decode_ms_per_step"])
+                    runs.setdefault((row["batch"], tag), []).append(row)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     print(f"\n{gpu}  {datetime.date.today().isoformat()}\n$ {' '.join(sys.argv)}")
-    for (batch, tag), ms in sorted(times.items()):
-        print(f"batch {batch:>4}  {tag:<40} ms/step {' / '.join(f'{t:.3f}' for t in ms)}  mean {sum(ms) / len(ms):.3f}")
+    for (batch, tag), rows in sorted(runs.items()):
+        ms = [r["decode_ms_per_step"] for r in rows]
+        states = [r["gpu_state"] for r in rows if r.get("gpu_state")]
+        state = (f"  {sum(s['sm_mhz'] for s in states) / len(states):,.0f} MHz "
+                 f"{sum(s['power_w'] for s in states) / len(states):.0f} W" if states else "")
+        print(f"batch {batch:>4}  {tag:<40} ms/step {' / '.join(f'{t:.3f}' for t in ms)}  "
+              f"mean {sum(ms) / len(ms):.3f}{state}")
 
 
 def run_json_lines(cmd: list[str], env: dict | None = None, timeout: int = 600) -> list[dict]:

@@ -64,16 +64,18 @@ def test_env_variants_alternate_fresh_runs_and_summarise_each_batch(monkeypatch,
 
     def fake_child(cmd, env=None, timeout=600):
         calls.append((cmd[2:], env))
-        ms = 4.8 if env["SHARDLINE_FOLD_NORMS"] == "1" else 4.9
-        return [{"batch": 64, "decode_ms_per_step": ms + 0.01 * len(calls)}, {"gpu": "x", "shardline": []}]
+        on = env["SHARDLINE_FOLD_NORMS"] == "1"
+        state = {"sm_mhz": 1700 + 10 * len(calls), "power_w": 690.0} if on else {}  # as a run without readings
+        return [{"batch": 64, "decode_ms_per_step": (4.8 if on else 4.9) + 0.01 * len(calls), "gpu_state": state},
+                {"gpu": "x", "shardline": []}]
     monkeypatch.setattr(decode_bench, "run_json_lines", fake_child)
     decode_bench.run_env_variants([{"SHARDLINE_FOLD_NORMS": "1"}, {"SHARDLINE_FOLD_NORMS": "0"}], 2,
                                   ["--batches", "64", "--env-variants", "x", "--env-rounds", "2"])
     assert [env["SHARDLINE_FOLD_NORMS"] for _, env in calls] == ["1", "0", "1", "0"]
     assert all(args == ["--batches", "64"] for args, _ in calls)
     out = capsys.readouterr().out
-    assert "SHARDLINE_FOLD_NORMS=1" in out and "4.810 / 4.830  mean 4.820" in out
-    assert "SHARDLINE_FOLD_NORMS=0" in out and "4.920 / 4.940  mean 4.930" in out
+    assert "SHARDLINE_FOLD_NORMS=1" in out and "4.810 / 4.830  mean 4.820  1,720 MHz 690 W" in out
+    assert "SHARDLINE_FOLD_NORMS=0" in out and "4.920 / 4.940  mean 4.930\n" in out
 
 
 def test_attention_resources_names_a_bad_register_cap_before_compiling():
