@@ -18,6 +18,7 @@ batch 64 runs at its 700 W limit, and the clock it holds there moves the step by
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -149,22 +150,26 @@ def timed(pipeline: LocalPipeline, prompts: list[list[int]], new: int) -> float:
     return time.perf_counter() - t
 
 
-def decode_run(pipeline: LocalPipeline, batch: int, prompt: int = 128, new: int = 128) -> tuple[float, dict]:
-    """ms a decode step, (t(new) - t(1)) / (new - 1), the best of two runs each; and the GPU's
-    state over the two full runs (gpu_state.summarize: SM clock, power, the share at the power
-    cap), which moves a step by a few percent from machine to machine."""
+def decode_ms_per_step(pipeline: LocalPipeline, batch: int, prompt: int = 128, new: int = 128,
+                       during: contextlib.AbstractContextManager | None = None) -> float:
+    """ms a decode step, (t(new) - t(1)) / (new - 1), the best of two runs each; `during` (a
+    gpu_state.Sampler) is held over the two full runs."""
     vocab = pipeline.manifest.model.vocab_size
     g = torch.Generator().manual_seed(batch)
     prompts = torch.randint(0, vocab, (batch, prompt), generator=g).tolist()
     timed(pipeline, prompts, 8)  # warm-up: Triton compiles, graphs are captured
-    with gpu_state.Sampler() as state:
+    with during or contextlib.nullcontext():
         t_full = min(timed(pipeline, prompts, new) for _ in range(2))
     t_pref = min(timed(pipeline, prompts, 1) for _ in range(2))
-    return (t_full - t_pref) / (new - 1) * 1e3, state.summary()
+    return (t_full - t_pref) / (new - 1) * 1e3
 
 
-def decode_ms_per_step(pipeline: LocalPipeline, batch: int, prompt: int = 128, new: int = 128) -> float:
-    return decode_run(pipeline, batch, prompt, new)[0]
+def decode_run(pipeline: LocalPipeline, batch: int, prompt: int = 128, new: int = 128) -> tuple[float, dict]:
+    """decode_ms_per_step, and the GPU's state over its two full runs (gpu_state.summarize: SM
+    clock, power, the share at the power cap), which moves a step by a few percent from machine
+    to machine. The other benchmarks time without the sampling thread, as before session u."""
+    state = gpu_state.Sampler()
+    return decode_ms_per_step(pipeline, batch, prompt, new, during=state), state.summary()
 
 
 def loaded_graph(pipeline: LocalPipeline, batch: int, context: int = 192,

@@ -12,8 +12,9 @@ it ran at:
 The sampling thread wakes 20 times a second (4 through nvidia-smi) beside the benchmark's host
 thread; what that costs a decode step has not been measured apart, so compare timings taken the
 same way. SHARDLINE_GPU_SAMPLER=0 turns the thread off (the summary is then {}), so
-`decode_bench.py --env-variants 'SHARDLINE_GPU_SAMPLER=1;SHARDLINE_GPU_SAMPLER=0'` measures that cost. Readings come from NVML (nvidia-ml-py) where it imports, else from `nvidia-smi`, both for the
-current CUDA device, found by the index NVML gives it (CUDA_VISIBLE_DEVICES mapped back).
+`decode_bench.py --env-variants 'SHARDLINE_GPU_SAMPLER=1;SHARDLINE_GPU_SAMPLER=0'` measures that
+cost. Readings come from NVML (nvidia-ml-py) where it imports, else from `nvidia-smi`, both for
+the current CUDA device, found by the index NVML gives it (CUDA_VISIBLE_DEVICES mapped back).
 """
 
 from __future__ import annotations
@@ -141,9 +142,7 @@ class Sampler:
 
     def __init__(self, read=None, interval: float | None = None) -> None:
         self.enabled = os.environ.get("SHARDLINE_GPU_SAMPLER", "1") != "0"
-        if read is None and not self.enabled:
-            read = lambda: None  # noqa: E731 - never called: no thread starts
-        elif read is None:
+        if read is None and self.enabled:  # switched off, no reader is made (nor a thread started)
             r = reader()
             read, interval = r.read, interval or r.interval
         self._read, self.interval = read, interval or 0.05
