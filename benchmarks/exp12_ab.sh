@@ -28,7 +28,14 @@ tv_at /tmp/up.json down_proj 4 /tmp/ud4.json
 tv_at /tmp/uo4.json down_proj 4 /tmp/uod4.json
 tv_at /tmp/uod4.json qkv_proj 2 /tmp/all.json
 cp $T /tmp/base.json 2>/dev/null
-V=$(for t in ${TABLES:-base up uo4 uo2 uq2 uo4q2 ud4 uod4 all}; do printf /tmp/%s.json, $t; done); V=${V%,}  # TABLES: a subset
+same() { python3 -c "
+import json, sys
+def bare(x): return {k: bare(v) for k, v in x.items() if k != 'note'} if isinstance(x, dict) else x  # notes aside
+sys.exit(bare(json.load(open(sys.argv[1]))) != bare(json.load(open(sys.argv[2]))))" $1 $2; }
+TABLES=${TABLES:-base up uo4 uo2 uq2 uo4q2 ud4 uod4 all}  # TABLES: a subset
+for t in $TABLES; do [[ $t != base ]] && same /tmp/base.json /tmp/$t.json && \
+  echo "exp12_ab.sh: $t is BASE itself ($T has those entries in exp12 already): an A/A, not an A/B" >&2; done
+V=$(for t in $TABLES; do printf /tmp/%s.json, $t; done); V=${V%,}
 cp ${V//,/ } ${OUT:-/tmp}/ 2>/dev/null
 if [[ "${AB:-1}" == 1 ]]; then
   timeout 400 python benchmarks/decode_bench.py --batches ${BATCHES// /,} --skip int8,fp8,gptj,prefill --gemm-configs $V \
