@@ -1,0 +1,50 @@
+"""benchmarks/exp12_ab.sh's tables, run on CPU (INSTALL=0, TESTS=0, AB=0: no wheels, GPU or timing). A device call
+spent on a wrong table is hard to get back, so the part that writes the variants is checked here: each variant
+is its base with the named products in the 12-bit form, relabelled to the GPU it runs on, and a variant that
+equals its base (session w's first H100 call A/B'd the H100 table against itself) is named as an A/A."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def run_script(tmp_path: Path, base: str, tables: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "INSTALL": "0", "TESTS": "0", "AB": "0", "GPU_NAME": H100, "BASE": base, "TABLES": tables,
+           "WORK": str(tmp_path / "work"), "OUT": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    out = subprocess.run(["bash", "benchmarks/exp12_ab.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return out
+
+
+def changed(a: dict, b: dict) -> dict:
+    """{(shape, batch): b's entry} for each table entry that differs between a and b."""
+    return {(shape, batch): entry for shape, row in b["entries"].items() for batch, entry in row.items()
+            if a["entries"].get(shape, {}).get(batch) != entry}
+
+
+def test_the_h200_table_relabelled_gets_gate_up_then_down_in_exp12(tmp_path):
+    out = run_script(tmp_path, "benchmarks/results/gemm-h200-decode.json", "base up ud4")
+    assert "A/A" not in out.stderr, out.stderr
+    base, up, ud4 = (json.loads((tmp_path / f"{t}.json").read_text()) for t in ("base", "up", "ud4"))
+    assert base["gpu"] == up["gpu"] == ud4["gpu"] == H100
+    source = json.loads((ROOT / "benchmarks/results/gemm-h200-decode.json").read_text())
+    assert not changed(source, base), "relabelling must change nothing but the GPU"
+    (key, entry), = changed(base, up).items()
+    assert key[1] == "64" and entry["impl"] == "exp12" and "SPLIT_K" not in entry["config"], (key, entry)
+    (key2, entry2), = changed(up, ud4).items()
+    assert key2[1] == "64" and key2 != key and entry2["impl"] == "exp12" and entry2["config"]["SPLIT_K"] == 4
+
+
+def test_a_variant_that_is_its_base_is_named_an_a_a(tmp_path):
+    """The H100 table has gate/up and down in exp12 at 64 already."""
+    out = run_script(tmp_path, "benchmarks/results/gemm-h100-decode.json", "base up ud4")
+    for t in ("up", "ud4"):
+        assert f"exp12_ab.sh: {t} is BASE itself (benchmarks/results/gemm-h100-decode.json" in out.stderr, out.stderr
