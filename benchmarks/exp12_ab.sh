@@ -8,6 +8,11 @@
 # (e.g. benchmarks/results/gemm-h100-decode.json). Device call: carry [".whl"] (scripts/device_wheels.sh).
 # The tables are written to WORK (/tmp/exp12_ab) and copied to OUT; INSTALL=0 skips the wheels and the install, and
 # GPU_NAME names the GPU instead of nvidia-smi (both for tests/test_exp12_ab_script.py, which runs the tables' part on CPU).
+# Bad input is refused before anything is installed, tested or written.
+T=${BASE:-benchmarks/results/gemm-h200-decode.json}
+B0=$T; [[ -f "$T" ]] || { echo "exp12_ab.sh: BASE=$T is no file; give a GEMM table (benchmarks/results/gemm-*-decode.json)" >&2; exit 2; }
+ALL="base up uo4 uo2 uq2 uo4q2 ud4 uod4 all"; TABLES=${TABLES:-$ALL}  # TABLES: a subset
+for t in $TABLES; do [[ " $ALL " == *" $t "* ]] || { echo "exp12_ab.sh: TABLES names '$t', which is no table; name some of: $ALL" >&2; exit 2; }; done
 if [[ "${INSTALL:-1}" == 1 ]]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
   python3 -m pip install -q --no-build-isolation --no-deps -e . > ${OUT:-/tmp}/pip.log 2>&1
@@ -15,8 +20,6 @@ fi
 W=${WORK:-/tmp/exp12_ab}; mkdir -p $W
 gpu=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)}; echo "GPU: $gpu"; git log --oneline | head -1
 if [[ "${TESTS:-1}" == 1 ]]; then timeout 150 python -m pytest -q tests/kernels/test_exp12.py "tests/stage_worker/test_gpu_engine.py::test_tuned_exp12_products_keep_bf16_greedy_choices" > ${OUT:-/tmp}/tests.txt 2>&1; tail -4 ${OUT:-/tmp}/tests.txt; fi
-T=${BASE:-benchmarks/results/gemm-h200-decode.json}
-B0=$T; [[ -f "$T" ]] || { echo "exp12_ab.sh: BASE=$T is no file; give a GEMM table (benchmarks/results/gemm-*-decode.json)" >&2; exit 2; }
 BATCHES=${BATCHES:-64}
 E='{"impl": "exp12", "config": {"BLOCK_K": 128, "STAGES": 4'
 tv() { python -m benchmarks.table_variant "$@" 2>&1 | tail -1; }
@@ -37,7 +40,6 @@ same() { python3 -c "
 import json, sys
 def bare(x): return {k: bare(v) for k, v in x.items() if k != 'note'} if isinstance(x, dict) else x  # notes aside
 sys.exit(bare(json.load(open(sys.argv[1]))) != bare(json.load(open(sys.argv[2]))))" $1 $2; }
-TABLES=${TABLES:-base up uo4 uo2 uq2 uo4q2 ud4 uod4 all}  # TABLES: a subset
 for t in $TABLES; do [[ $t != base ]] && same $W/base.json $W/$t.json && \
   echo "exp12_ab.sh: $t is BASE itself ($B0 has those entries in exp12 already): an A/A, not an A/B" >&2; done
 V=$(for t in $TABLES; do printf $W/%s.json, $t; done); V=${V%,}

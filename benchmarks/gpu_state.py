@@ -13,8 +13,9 @@ The sampling thread wakes 20 times a second (4 through nvidia-smi) beside the be
 thread. SHARDLINE_GPU_SAMPLER=0 turns the thread off (the summary is then {}), so
 `decode_bench.py --env-variants 'SHARDLINE_GPU_SAMPLER=1;SHARDLINE_GPU_SAMPLER=0'` measures what it
 costs a step: nothing outside the ±0.03 ms spread at batch 64 on an H100 (5.641 against 5.627 ms,
-benchmarks/results/sampler-ab-b64-h100-2026-12-07w3.txt). Readings come from NVML (nvidia-ml-py) where it imports, else from `nvidia-smi`, both for
-the current CUDA device, found by the index NVML gives it (CUDA_VISIBLE_DEVICES mapped back).
+benchmarks/results/sampler-ab-b64-h100-2026-12-07w3.txt). Readings come from NVML (nvidia-ml-py)
+where it imports, else from `nvidia-smi`, both for the current CUDA device, found by the index
+NVML gives it (CUDA_VISIBLE_DEVICES mapped back).
 """
 
 from __future__ import annotations

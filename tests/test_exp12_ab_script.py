@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -48,3 +50,18 @@ def test_a_variant_that_is_its_base_is_named_an_a_a(tmp_path):
     out = run_script(tmp_path, "benchmarks/results/gemm-h100-decode.json", "base up ud4")
     for t in ("up", "ud4"):
         assert f"exp12_ab.sh: {t} is BASE itself (benchmarks/results/gemm-h100-decode.json" in out.stderr, out.stderr
+
+
+
+@pytest.mark.parametrize("bad, says", [
+    ({"TABLES": "base upp"}, "TABLES names 'upp', which is no table; name some of: base up"),
+    ({"BASE": "benchmarks/results/gemm-h300-decode.json"}, "BASE=benchmarks/results/gemm-h300-decode.json is no file"),
+])
+def test_bad_input_is_refused_before_anything_runs(tmp_path, bad, says):
+    env = {**os.environ, "INSTALL": "1", "TESTS": "1", "GPU_NAME": H100, "WORK": str(tmp_path), "OUT": str(tmp_path),
+           **bad}
+    out = subprocess.run(["bash", "benchmarks/exp12_ab.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert says in out.stderr, out.stderr
+    assert not list(tmp_path.iterdir()), "nothing is installed, tested or written before the check"
