@@ -17,11 +17,16 @@ ROOT = Path(__file__).resolve().parents[1]
 H100 = "NVIDIA H100 80GB HBM3"
 
 
+def exp12_ab(tmp_path: Path, work: Path, **env: str) -> subprocess.CompletedProcess:
+    """The script with GPU_NAME, WORK, OUT and this interpreter's PATH set, and `env` over them."""
+    env = {**os.environ, "GPU_NAME": H100, "WORK": str(work), "OUT": str(tmp_path),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env}
+    return subprocess.run(["bash", "benchmarks/exp12_ab.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
 def run_script(tmp_path: Path, base: str, tables: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "INSTALL": "0", "TESTS": "0", "AB": "0", "GPU_NAME": H100, "BASE": base, "TABLES": tables,
-           "WORK": str(tmp_path / "work"), "OUT": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    out = subprocess.run(["bash", "benchmarks/exp12_ab.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300, check=False)
+    out = exp12_ab(tmp_path, tmp_path / "work", INSTALL="0", TESTS="0", AB="0", BASE=base, TABLES=tables)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return out
 
@@ -52,16 +57,12 @@ def test_a_variant_that_is_its_base_is_named_an_a_a(tmp_path):
         assert f"exp12_ab.sh: {t} is BASE itself (benchmarks/results/gemm-h100-decode.json" in out.stderr, out.stderr
 
 
-
 @pytest.mark.parametrize("bad, says", [
     ({"TABLES": "base upp"}, "TABLES names 'upp', which is no table; name some of: base up"),
     ({"BASE": "benchmarks/results/gemm-h300-decode.json"}, "BASE=benchmarks/results/gemm-h300-decode.json is no file"),
 ])
 def test_bad_input_is_refused_before_anything_runs(tmp_path, bad, says):
-    env = {**os.environ, "INSTALL": "1", "TESTS": "1", "GPU_NAME": H100, "WORK": str(tmp_path), "OUT": str(tmp_path),
-           **bad}
-    out = subprocess.run(["bash", "benchmarks/exp12_ab.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=60, check=False)
+    out = exp12_ab(tmp_path, tmp_path, INSTALL="1", TESTS="1", **bad)
     assert out.returncode == 2, out.stdout + out.stderr
     assert says in out.stderr, out.stderr
     assert not list(tmp_path.iterdir()), "nothing is installed, tested or written before the check"
