@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# What issue 4 still needs from one H200, in one device call of ~9 minutes (carry [".whl"], made by
+# scripts/device_wheels.sh); logs and tables go to $OUT (/tmp/issue4_h200):
+#   1. batch-64 decode on the H200 table against the 12-bit form for gate/up (up) and gate/up and
+#      down (ud4), two alternated rounds, then the same tables' clock, power and energy a step under
+#      load: does the 700 W cap's clock drop take the form's gain on the H200? (benchmarks/exp12_ab.sh
+#      with TESTS=0 TABLES="base up ud4" ROUNDS=2 POWER=1; its base rows are also the bar's number)
+#   2. the served path against the engine at batch 16 and 64 on the H200 table (benchmarks/e2e_bench)
+# On any other GPU it stops with status 3 before installing anything: an H100 has both (the power
+# A/B in calls r7 and w3, served on the tuned table in t2-t4).
+# E2E=0 skips 2; AB_S and E2E_S cap each part's seconds (330, 200); GPU_NAME names the GPU instead
+# of nvidia-smi (tests/test_issue4_h200_script.py runs the refusals on CPU).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/issue4_h200}; mkdir -p "$OUT"
+table=benchmarks/results/gemm-h200-decode.json
+gpu=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)}
+if [[ -z "$gpu" ]]; then
+  echo "issue4_h200.sh: no GPU found (nvidia-smi gave no name); run it on an H200, or set GPU_NAME" >&2; exit 3
+fi
+if [[ "$gpu" != *H200* ]]; then
+  echo "issue4_h200.sh: this GPU is '$gpu', not an H200; issue 4's open numbers are the H200's" \
+       "(an H100 has them: docs/benchmarks.md, the 12-bit weight form). Give the machine back." >&2; exit 3
+fi
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
+python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/pip.log" 2>&1
+git log --oneline | head -1 | tee "$OUT/commit.txt"; date -u | tee -a "$OUT/commit.txt"
+OUT=$OUT INSTALL=0 TESTS=0 TABLES="base up ud4" ROUNDS=2 POWER=1 BASE=$table \
+  timeout "${AB_S:-330}" bash benchmarks/exp12_ab.sh > "$OUT/exp12_ab.txt" 2>&1
+echo "exp12_ab rc=$?"; tail -25 "$OUT/exp12_ab.txt"
+if [[ "${E2E:-1}" == 1 ]]; then
+  timeout "${E2E_S:-200}" python3 -m benchmarks.e2e_bench --shape llama3-8b --device cuda --batch 16,64 \
+    --gateways 1 --gemm-config $table > "$OUT/e2e.txt" 2>&1
+  echo "e2e rc=$?"; tail -20 "$OUT/e2e.txt"
+fi
