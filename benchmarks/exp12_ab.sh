@@ -13,10 +13,7 @@ T=${BASE:-benchmarks/results/gemm-h200-decode.json}
 B0=$T; [[ -f "$T" ]] || { echo "exp12_ab.sh: BASE=$T is no file; give a GEMM table (benchmarks/results/gemm-*-decode.json)" >&2; exit 2; }
 ALL="base up uo4 uo2 uq2 uo4q2 ud4 uod4 all"; TABLES=${TABLES:-$ALL}  # TABLES: a subset
 for t in $TABLES; do [[ " $ALL " == *" $t "* ]] || { echo "exp12_ab.sh: TABLES names '$t', which is no table; name some of: $ALL" >&2; exit 2; }; done
-if [[ "${INSTALL:-1}" == 1 ]]; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
-  python3 -m pip install -q --no-build-isolation --no-deps -e . > ${OUT:-/tmp}/pip.log 2>&1
-fi
+if [[ "${INSTALL:-1}" == 1 ]]; then source benchmarks/device_install.sh; fi
 W=${WORK:-/tmp/exp12_ab}; mkdir -p $W
 gpu=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)}; echo "GPU: $gpu"; git log --oneline | head -1
 if [[ "${TESTS:-1}" == 1 ]]; then timeout 150 python -m pytest -q tests/kernels/test_exp12.py "tests/stage_worker/test_gpu_engine.py::test_tuned_exp12_products_keep_bf16_greedy_choices" > ${OUT:-/tmp}/tests.txt 2>&1; tail -4 ${OUT:-/tmp}/tests.txt; fi

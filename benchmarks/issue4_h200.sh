@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # What issue 4 still needs from one H200, in one device call of ~9 minutes (carry [".whl"], made by
-# scripts/device_wheels.sh); logs and tables go to $OUT (/tmp/issue4_h200):
-#   1. batch-64 decode on the H200 table against the 12-bit form for gate/up (up) and gate/up and
-#      down (ud4), two alternated rounds, then the same tables' clock, power and energy a step under
-#      load: does the 700 W cap's clock drop take the form's gain on the H200? (benchmarks/exp12_ab.sh
-#      with TESTS=0 TABLES="base up ud4" ROUNDS=2 POWER=1; its base rows are also the bar's number)
-#   2. the served path against the engine at batch 16 and 64 on the H200 table (benchmarks/e2e_bench)
-# On any other GPU it stops with status 3 before installing anything: an H100 has both (the power
-# A/B in calls r7 and w3, served on the tuned table in t2-t4).
-# E2E=0 skips 2; AB_S and E2E_S cap each part's seconds (330, 200); GPU_NAME names the GPU instead
+# scripts/device_wheels.sh); logs and tables go to $OUT (/tmp/issue4_h200). Each part runs under a
+# cap of its own, the open question first, so that a part that runs long cuts only what follows:
+#   1. the H200 table against the 12-bit form for gate/up (up) and gate/up and down (ud4), steps
+#      back to back at batch 64: each one's step, SM clock, power and energy, two alternated rounds.
+#      Does the 700 W cap's clock drop take the form's gain on the H200? (benchmarks/exp12_ab.sh
+#      with TESTS=0 TABLES="base up ud4" POWER=1 AB=0; cap POWER_S, 160 s)
+#   2. the same tables' batch-64 decode loop, two alternated rounds (AB=1 POWER=0; cap AB_S, 230 s);
+#      its base rows are the bar's number
+#   3. the served path against the engine at batch 16 and 64 on the H200 table (benchmarks/e2e_bench;
+#      cap E2E_S, 170 s; E2E=0 skips it)
+# On any other GPU it stops with status 3 before installing anything: an H100 has all three (the
+# power A/B in calls r7 and w3, served on the tuned table in t2-t4). GPU_NAME names the GPU instead
 # of nvidia-smi (tests/test_issue4_h200_script.py runs the refusals on CPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,14 +26,18 @@ if [[ "$gpu" != *H200* ]]; then
        "(an H100 has them: docs/benchmarks.md, the 12-bit weight form). Give the machine back." >&2; exit 3
 fi
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
-python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/pip.log" 2>&1
+source benchmarks/device_install.sh
 git log --oneline | head -1 | tee "$OUT/commit.txt"; date -u | tee -a "$OUT/commit.txt"
-OUT=$OUT INSTALL=0 TESTS=0 TABLES="base up ud4" ROUNDS=2 POWER=1 BASE=$table \
-  timeout "${AB_S:-330}" bash benchmarks/exp12_ab.sh > "$OUT/exp12_ab.txt" 2>&1
-echo "exp12_ab rc=$?"; tail -25 "$OUT/exp12_ab.txt"
+ab() {  # ab NAME CAP ENV...: exp12_ab.sh's tables with ENV, under CAP seconds, its log to $OUT/NAME.txt
+  local name=$1 cap=$2; shift 2
+  env OUT="$OUT" INSTALL=0 TESTS=0 TABLES="base up ud4" ROUNDS=2 BASE=$table "$@" \
+    timeout "$cap" bash benchmarks/exp12_ab.sh > "$OUT/$name.txt" 2>&1
+  echo "$name rc=$?"; tail -12 "$OUT/$name.txt"
+}
+ab exp12_power "${POWER_S:-160}" AB=0 POWER=1
+ab exp12_decode "${AB_S:-230}" AB=1 POWER=0
 if [[ "${E2E:-1}" == 1 ]]; then
-  timeout "${E2E_S:-200}" python3 -m benchmarks.e2e_bench --shape llama3-8b --device cuda --batch 16,64 \
+  timeout "${E2E_S:-170}" python3 -m benchmarks.e2e_bench --shape llama3-8b --device cuda --batch 16,64 \
     --gateways 1 --gemm-config $table > "$OUT/e2e.txt" 2>&1
   echo "e2e rc=$?"; tail -20 "$OUT/e2e.txt"
 fi

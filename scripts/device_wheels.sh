@@ -3,8 +3,8 @@
 # reflection, Prometheus, Jinja, and the grpcio/protobuf our generated stubs were made with: the
 # machine's grpcio is older), for scripts/gpu-tests.sh (pytest-xdist) and for the benchmarks' clock
 # and power readings (nvidia-ml-py), downloaded here into .whl/ (git-ignored) for a device call:
-#   carry: [".whl"]; command starts with
-#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+#   carry: [".whl"]; command starts with `source benchmarks/device_install.sh`, which installs them
+#   into /tmp/site and puts that on PYTHONPATH
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
