@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# What issue 4 still needs from one H200, in one device call of ~9 minutes (carry [".whl"], made by
+# What issue 4 still needs from one H200, in one device call (carry [".whl"], made by
 # scripts/device_wheels.sh); logs and tables go to $OUT (/tmp/issue4_h200). Each part runs under a
-# cap of its own, the open question first, so that a part that runs long cuts only what follows:
+# cap of its own (540 s together, leaving the install room in a 600 s call), the open question
+# first, so that a part that runs long cuts only what follows:
 #   1. the H200 table against the 12-bit form for gate/up (up) and gate/up and down (ud4), steps
 #      back to back at batch 64: each one's step, SM clock, power and energy, two alternated rounds.
 #      Does the 700 W cap's clock drop take the form's gain on the H200? (benchmarks/exp12_ab.sh
@@ -9,7 +10,7 @@
 #   2. the same tables' batch-64 decode loop, two alternated rounds (AB=1 POWER=0; cap AB_S, 230 s);
 #      its base rows are the bar's number
 #   3. the served path against the engine at batch 16 and 64 on the H200 table (benchmarks/e2e_bench;
-#      cap E2E_S, 170 s; E2E=0 skips it)
+#      cap E2E_S, 150 s; E2E=0 skips it)
 # On any other GPU it stops with status 3 before installing anything: an H100 has all three (the
 # power A/B in calls r7 and w3, served on the tuned table in t2-t4). GPU_NAME names the GPU instead
 # of nvidia-smi (tests/test_issue4_h200_script.py runs the refusals on CPU).
@@ -37,7 +38,7 @@ ab() {  # ab NAME CAP ENV...: exp12_ab.sh's tables with ENV, under CAP seconds, 
 ab exp12_power "${POWER_S:-160}" AB=0 POWER=1
 ab exp12_decode "${AB_S:-230}" AB=1 POWER=0
 if [[ "${E2E:-1}" == 1 ]]; then
-  timeout "${E2E_S:-170}" python3 -m benchmarks.e2e_bench --shape llama3-8b --device cuda --batch 16,64 \
+  timeout "${E2E_S:-150}" python3 -m benchmarks.e2e_bench --shape llama3-8b --device cuda --batch 16,64 \
     --gateways 1 --gemm-config $table > "$OUT/e2e.txt" 2>&1
   echo "e2e rc=$?"; tail -20 "$OUT/e2e.txt"
 fi
