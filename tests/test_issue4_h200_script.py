@@ -38,3 +38,13 @@ def test_no_gpu_is_refused_with_the_fix(tmp_path):
     assert out.returncode == 3, out.stdout + out.stderr
     assert "no GPU found" in out.stderr and "set GPU_NAME" in out.stderr
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_cap_that_is_no_whole_number_is_refused_before_anything_runs(tmp_path):
+    """A cap goes to `timeout`, where 0 means no cap and a bad value fails each part on its own; the script
+    takes whole seconds (0 skips a part) and stops on anything else, on the H200 too, before installing."""
+    for bad in ("2m", "-5", "1.5"):
+        out = issue4_h200(tmp_path, GPU_NAME="NVIDIA H200", AB_S=bad)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert f"AB_S='{bad}' is no whole number of seconds" in out.stderr and "0 to skip" in out.stderr
+        assert list((tmp_path / "out").iterdir()) == []
