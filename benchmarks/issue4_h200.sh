@@ -23,6 +23,7 @@ for cap in POWER_S AB_S E2E_S; do
     echo "issue4_h200.sh: $cap='${!cap}' is no whole number of seconds; give a cap such as 160, or 0" \
          "to skip that part" >&2; exit 2
   fi
+  [[ -n "${!cap:-}" ]] && printf -v "$cap" '%d' "$((10#${!cap}))"  # "00" is 0, "08" is 8
 done
 table=benchmarks/results/gemm-h200-decode.json
 gpu=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)}
